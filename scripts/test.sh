@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine: starts PostgreSQL if it is down, then runs every
+# test (unit, property, integration against PostgreSQL and the embedded Kafka broker).
+# Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -z "${HISTORY_TEST_DATABASE_URL:-}" ]; then
+  scripts/ensure-postgres.sh
+fi
+cargo test --locked "$@"

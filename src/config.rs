@@ -1,0 +1,590 @@
+//! Configuration: the built-in defaults (`config/default.toml`), an optional file, then
+//! `HISTORY__SECTION__KEY` environment variables, validated once at start-up.
+//!
+//! Secrets (the database password, Kafka SASL/SSL properties) are held as [`SecretString`] and
+//! never printed: errors name the key and the reason, never the value.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+/// The defaults, built in so the binary needs no file to start.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+/// The prefix of environment overrides: `HISTORY__DATABASE__URL` sets `database.url`.
+pub const ENV_PREFIX: &str = "HISTORY";
+
+/// A configuration the service cannot start with.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration: {0}")]
+    Load(String),
+    #[error("invalid configuration key `{key}`: {reason}")]
+    Invalid { key: &'static str, reason: String },
+}
+
+impl ConfigError {
+    fn invalid(key: &'static str, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key,
+            reason: reason.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub kafka: KafkaSettings,
+    pub pipeline: PipelineSettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: SecretString,
+    pub password: SecretString,
+    pub password_file: String,
+    pub pool_size: u32,
+    pub connect_timeout_ms: u64,
+    pub migrate_on_start: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSettings {
+    pub brokers: String,
+    pub group_id: String,
+    pub topics: Vec<String>,
+    pub client_id: String,
+    pub session_timeout_ms: u64,
+    pub revoke_timeout_ms: u64,
+    pub statistics_interval_ms: u64,
+    pub fetch_queue_kbytes: u64,
+    /// librdkafka properties passed through verbatim; values may be secrets.
+    #[serde(default)]
+    pub properties: BTreeMap<String, SecretString>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSettings {
+    pub writers: usize,
+    pub batch_max_events: usize,
+    pub batch_linger_ms: u64,
+    pub max_in_flight_per_partition: usize,
+    pub commit_interval_ms: u64,
+    pub retry_initial_ms: u64,
+    pub retry_max_ms: u64,
+    pub shutdown_timeout_ms: u64,
+    pub max_payload_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub listen: String,
+    pub enabled: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub filter: String,
+}
+
+impl Settings {
+    /// Loads the layers and validates the result. `file` is the `--config` path, if any.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, None)
+    }
+
+    /// Like [`Settings::load`], with the environment given explicitly (tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        environment: Option<std::collections::HashMap<String, String>>,
+    ) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder().add_source(config::File::from_str(
+            DEFAULT_TOML,
+            config::FileFormat::Toml,
+        ));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::Load(format!(
+                    "configuration file {} does not exist",
+                    path.display()
+                )));
+            }
+            builder = builder.add_source(config::File::from(path.to_path_buf()).required(true));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix(ENV_PREFIX)
+                .separator("__")
+                .try_parsing(true)
+                .list_separator(",")
+                .with_list_parse_key("kafka.topics")
+                .source(environment),
+        );
+        let raw = builder
+            .build()
+            .map_err(|err| ConfigError::Load(err.to_string()))?;
+        let mut settings: Settings = raw
+            .try_deserialize()
+            .map_err(|err| ConfigError::Load(err.to_string()))?;
+        settings.kafka.properties = normalize_properties(settings.kafka.properties);
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks every value the types alone do not constrain.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.database.postgres_config()?;
+        if self.database.pool_size as usize <= self.pipeline.writers {
+            return Err(ConfigError::invalid(
+                "database.pool_size",
+                format!(
+                    "must be greater than pipeline.writers ({}): each writer holds a connection",
+                    self.pipeline.writers
+                ),
+            ));
+        }
+        positive(
+            "database.connect_timeout_ms",
+            self.database.connect_timeout_ms,
+        )?;
+
+        let kafka = &self.kafka;
+        if kafka
+            .brokers
+            .split(',')
+            .all(|broker| broker.trim().is_empty())
+        {
+            return Err(ConfigError::invalid(
+                "kafka.brokers",
+                "must name at least one broker",
+            ));
+        }
+        if kafka.group_id.trim().is_empty() {
+            return Err(ConfigError::invalid("kafka.group_id", "must not be empty"));
+        }
+        if kafka.topics.is_empty() || kafka.topics.iter().any(|t| t.trim().is_empty()) {
+            return Err(ConfigError::invalid(
+                "kafka.topics",
+                "must list at least one topic, none empty",
+            ));
+        }
+        positive("kafka.session_timeout_ms", kafka.session_timeout_ms)?;
+        positive("kafka.revoke_timeout_ms", kafka.revoke_timeout_ms)?;
+        positive("kafka.fetch_queue_kbytes", kafka.fetch_queue_kbytes)?;
+
+        let pipeline = &self.pipeline;
+        in_range("pipeline.writers", pipeline.writers, 1, 256)?;
+        in_range(
+            "pipeline.batch_max_events",
+            pipeline.batch_max_events,
+            1,
+            50_000,
+        )?;
+        in_range(
+            "pipeline.max_in_flight_per_partition",
+            pipeline.max_in_flight_per_partition,
+            1,
+            10_000_000,
+        )?;
+        positive("pipeline.commit_interval_ms", pipeline.commit_interval_ms)?;
+        positive("pipeline.retry_initial_ms", pipeline.retry_initial_ms)?;
+        if pipeline.retry_max_ms < pipeline.retry_initial_ms {
+            return Err(ConfigError::invalid(
+                "pipeline.retry_max_ms",
+                "must not be less than pipeline.retry_initial_ms",
+            ));
+        }
+        in_range(
+            "pipeline.max_payload_bytes",
+            pipeline.max_payload_bytes,
+            64,
+            64 << 20,
+        )?;
+
+        self.http.listen_addr()?;
+        if self
+            .log
+            .filter
+            .parse::<tracing_subscriber::EnvFilter>()
+            .is_err()
+        {
+            return Err(ConfigError::invalid(
+                "log.filter",
+                "not a valid tracing filter",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn positive(key: &'static str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(ConfigError::invalid(key, "must be greater than 0"));
+    }
+    Ok(())
+}
+
+fn in_range(key: &'static str, value: usize, min: usize, max: usize) -> Result<(), ConfigError> {
+    if !(min..=max).contains(&value) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{value} is out of range {min}..={max}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Environment variables cannot carry dots, so `HISTORY__KAFKA__PROPERTIES__SASL_PASSWORD`
+/// arrives as `sasl_password`; librdkafka property names never contain `_`, so map it back.
+fn normalize_properties(
+    properties: BTreeMap<String, SecretString>,
+) -> BTreeMap<String, SecretString> {
+    properties
+        .into_iter()
+        .map(|(key, value)| (key.replace('_', "."), value))
+        .collect()
+}
+
+impl DatabaseSettings {
+    /// The connection settings, with the password from `password_file` or `password` if set.
+    pub fn postgres_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
+        // The parser's messages never echo option values, but the URL itself is never quoted.
+        let mut config = tokio_postgres::Config::from_str(self.url.expose_secret())
+            .map_err(|err| ConfigError::invalid("database.url", err.to_string()))?;
+        if config.get_dbname().is_none() {
+            return Err(ConfigError::invalid("database.url", "must name a database"));
+        }
+        if !self.password_file.is_empty() {
+            let text = std::fs::read_to_string(&self.password_file).map_err(|err| {
+                ConfigError::invalid(
+                    "database.password_file",
+                    format!("cannot read {}: {err}", self.password_file),
+                )
+            })?;
+            config.password(text.trim_end_matches(['\r', '\n']));
+        } else if !self.password.expose_secret().is_empty() {
+            config.password(self.password.expose_secret());
+        }
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(self.connect_timeout());
+        }
+        Ok(config)
+    }
+
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// The database's address for logs: host, port and name, never the user's password.
+    pub fn display_target(&self) -> String {
+        match self.postgres_config() {
+            Ok(config) => describe_target(&config),
+            Err(_) => "<invalid database.url>".to_owned(),
+        }
+    }
+}
+
+/// `user@host:port/dbname` of a connection config, for logs and reports.
+pub fn describe_target(config: &tokio_postgres::Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".to_owned());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "{}@{}:{}/{}",
+        config.get_user().unwrap_or("?"),
+        host,
+        port,
+        config.get_dbname().unwrap_or("?")
+    )
+}
+
+impl KafkaSettings {
+    pub fn session_timeout(&self) -> Duration {
+        Duration::from_millis(self.session_timeout_ms)
+    }
+
+    pub fn revoke_timeout(&self) -> Duration {
+        Duration::from_millis(self.revoke_timeout_ms)
+    }
+}
+
+impl PipelineSettings {
+    pub fn batch_linger(&self) -> Duration {
+        Duration::from_millis(self.batch_linger_ms)
+    }
+
+    pub fn commit_interval(&self) -> Duration {
+        Duration::from_millis(self.commit_interval_ms)
+    }
+
+    pub fn retry_initial(&self) -> Duration {
+        Duration::from_millis(self.retry_initial_ms)
+    }
+
+    pub fn retry_max(&self) -> Duration {
+        Duration::from_millis(self.retry_max_ms)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+}
+
+impl HttpSettings {
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|err| {
+            ConfigError::invalid(
+                "http.listen",
+                format!("{err}: expected HOST:PORT, e.g. 127.0.0.1:9464"),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::io::Write;
+
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Option<HashMap<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::load_from(None, env(pairs))
+    }
+
+    fn invalid_key(result: Result<Settings, ConfigError>) -> &'static str {
+        match result {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected an invalid key, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_built_in_defaults_are_valid() {
+        let settings = load(&[]).unwrap();
+        assert_eq!(settings.kafka.topics, vec!["tickets.status.v1"]);
+        assert_eq!(settings.kafka.group_id, "history-service");
+        assert_eq!(settings.http.listen, "127.0.0.1:9464");
+        assert_eq!(settings.pipeline.writers, 2);
+    }
+
+    #[test]
+    fn environment_variables_override_the_documented_keys() {
+        let settings = load(&[
+            (
+                "HISTORY__DATABASE__URL",
+                "postgres://app@db.internal:6432/hist",
+            ),
+            ("HISTORY__KAFKA__BROKERS", "k1:9092,k2:9092"),
+            ("HISTORY__KAFKA__GROUP_ID", "history-blue"),
+            ("HISTORY__KAFKA__TOPICS", "a.v1,b.v1"),
+            ("HISTORY__HTTP__LISTEN", "0.0.0.0:9000"),
+            ("HISTORY__PIPELINE__WRITERS", "4"),
+        ])
+        .unwrap();
+        assert_eq!(
+            settings.database.display_target(),
+            "app@db.internal:6432/hist"
+        );
+        assert_eq!(settings.kafka.brokers, "k1:9092,k2:9092");
+        assert_eq!(settings.kafka.group_id, "history-blue");
+        assert_eq!(settings.kafka.topics, vec!["a.v1", "b.v1"]);
+        assert_eq!(settings.http.listen, "0.0.0.0:9000");
+        assert_eq!(settings.pipeline.writers, 4);
+    }
+
+    #[test]
+    fn a_file_overrides_the_defaults_and_the_environment_overrides_the_file() {
+        let mut file = tempfile();
+        writeln!(
+            file.1,
+            "[kafka]\ngroup_id = \"from-file\"\nbrokers = \"file:9092\"\n[pipeline]\nwriters = 3"
+        )
+        .unwrap();
+        let settings = Settings::load_from(
+            Some(&file.0),
+            env(&[("HISTORY__KAFKA__GROUP_ID", "from-env")]),
+        )
+        .unwrap();
+        assert_eq!(settings.kafka.group_id, "from-env");
+        assert_eq!(settings.kafka.brokers, "file:9092");
+        assert_eq!(settings.pipeline.writers, 3);
+        std::fs::remove_file(&file.0).unwrap();
+    }
+
+    #[test]
+    fn a_missing_file_is_an_error() {
+        let err =
+            Settings::load_from(Some(Path::new("/nonexistent/history.toml")), None).unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent/history.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_name() {
+        let err = load(&[("HISTORY__PIPELINE__WRITTERS", "4")]).unwrap_err();
+        assert!(err.to_string().contains("writters"), "{err}");
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_key() {
+        let err = load(&[("HISTORY__PIPELINE__WRITERS", "many")]).unwrap_err();
+        assert!(err.to_string().contains("pipeline.writers"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_key_and_the_reason() {
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__PIPELINE__WRITERS", "0")])),
+            "pipeline.writers"
+        );
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__KAFKA__BROKERS", " ")])),
+            "kafka.brokers"
+        );
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__KAFKA__GROUP_ID", "")])),
+            "kafka.group_id"
+        );
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__HTTP__LISTEN", "nowhere")])),
+            "http.listen"
+        );
+        assert_eq!(
+            invalid_key(load(&[(
+                "HISTORY__DATABASE__URL",
+                "postgres://u@h:notaport/db"
+            )])),
+            "database.url"
+        );
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__DATABASE__URL", "postgres://u@h:5432")])),
+            "database.url"
+        );
+        assert_eq!(
+            invalid_key(load(&[
+                ("HISTORY__PIPELINE__RETRY_INITIAL_MS", "500"),
+                ("HISTORY__PIPELINE__RETRY_MAX_MS", "100"),
+            ])),
+            "pipeline.retry_max_ms"
+        );
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__DATABASE__POOL_SIZE", "2")])),
+            "database.pool_size"
+        );
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__LOG__FILTER", "=[")])),
+            "log.filter"
+        );
+    }
+
+    #[test]
+    fn the_password_never_appears_in_errors_or_debug_output() {
+        for url in [
+            "postgres://user:s3cr3tpw@host:notaport/db",
+            "postgres://user:s3cr3tpw@host:5432",
+            "postgres://user:s3cr3tpw@host:5432/db?sslmode=bogus",
+            "not a url s3cr3tpw",
+        ] {
+            let err = load(&[("HISTORY__DATABASE__URL", url)]).unwrap_err();
+            assert!(
+                !format!("{err} {err:?}").contains("s3cr3tpw"),
+                "{url}: {err}"
+            );
+        }
+        let settings = load(&[
+            (
+                "HISTORY__DATABASE__URL",
+                "postgres://user:s3cr3tpw@host:5432/db",
+            ),
+            ("HISTORY__KAFKA__PROPERTIES__SASL_PASSWORD", "k4fk4pw"),
+        ])
+        .unwrap();
+        let shown = format!("{settings:?} {}", settings.database.display_target());
+        assert!(!shown.contains("s3cr3tpw"), "{shown}");
+        assert!(!shown.contains("k4fk4pw"), "{shown}");
+    }
+
+    #[test]
+    fn the_password_can_come_from_a_variable_or_a_file() {
+        let settings = load(&[("HISTORY__DATABASE__PASSWORD", "frompassword")]).unwrap();
+        let config = settings.database.postgres_config().unwrap();
+        assert_eq!(config.get_password(), Some(&b"frompassword"[..]));
+
+        let mut file = tempfile();
+        writeln!(file.1, "fromfile").unwrap();
+        let path = file.0.display().to_string();
+        let settings = load(&[
+            ("HISTORY__DATABASE__PASSWORD", "frompassword"),
+            ("HISTORY__DATABASE__PASSWORD_FILE", &path),
+        ])
+        .unwrap();
+        let config = settings.database.postgres_config().unwrap();
+        assert_eq!(config.get_password(), Some(&b"fromfile"[..]));
+        std::fs::remove_file(&file.0).unwrap();
+    }
+
+    #[test]
+    fn kafka_properties_from_the_environment_get_their_dots_back() {
+        let settings = load(&[
+            ("HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL", "SASL_SSL"),
+            ("HISTORY__KAFKA__PROPERTIES__SASL_MECHANISMS", "PLAIN"),
+        ])
+        .unwrap();
+        let keys: Vec<&str> = settings
+            .kafka
+            .properties
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, vec!["sasl.mechanisms", "security.protocol"]);
+    }
+
+    fn tempfile() -> (std::path::PathBuf, std::fs::File) {
+        let path = std::env::temp_dir().join(format!(
+            "history-config-{}-{}.toml",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let file = std::fs::File::create(&path).unwrap();
+        (path, file)
+    }
+}

@@ -1,0 +1,604 @@
+//! The ticket status event and its validating decoder.
+//!
+//! A Kafka record becomes a [`HistoryEvent`] only through [`HistoryEvent::decode`], so every
+//! event past this boundary is known to be storable. Anything else yields a [`DecodeError`] that
+//! names the field and the reason: that is what the dead-letter table stores.
+
+use std::fmt;
+
+use chrono::{DateTime, FixedOffset};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+/// Longest accepted `event_id` and `ticket_id`, in characters. Identifiers in the Ticket service
+/// are short (UUIDs, `event-ticket-900`); anything far longer is a producer bug, not data.
+pub const MAX_ID_CHARS: usize = 256;
+/// Longest accepted status name, in characters.
+pub const MAX_STATUS_CHARS: usize = 64;
+/// Longest accepted `changed_at` text; RFC 3339 with nanoseconds and an offset is 35 characters.
+pub const MAX_TIMESTAMP_CHARS: usize = 64;
+
+/// One logical ticket status transition, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryEvent {
+    pub event_id: String,
+    pub ticket_id: String,
+    pub from_status: String,
+    pub to_status: String,
+    pub changed_at: DateTime<FixedOffset>,
+}
+
+/// The payload fields the decoder knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Field {
+    EventId,
+    TicketId,
+    FromStatus,
+    ToStatus,
+    ChangedAt,
+}
+
+impl Field {
+    pub const ALL: [Field; 5] = [
+        Field::EventId,
+        Field::TicketId,
+        Field::FromStatus,
+        Field::ToStatus,
+        Field::ChangedAt,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::EventId => "event_id",
+            Field::TicketId => "ticket_id",
+            Field::FromStatus => "from_status",
+            Field::ToStatus => "to_status",
+            Field::ChangedAt => "changed_at",
+        }
+    }
+
+    fn from_key(key: &str) -> Option<Field> {
+        Field::ALL.into_iter().find(|field| field.name() == key)
+    }
+
+    fn max_chars(self) -> usize {
+        match self {
+            Field::EventId | Field::TicketId => MAX_ID_CHARS,
+            Field::FromStatus | Field::ToStatus => MAX_STATUS_CHARS,
+            Field::ChangedAt => MAX_TIMESTAMP_CHARS,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a record is not a valid event. Every variant is permanent: redelivering the same bytes
+/// gives the same error, so such a record is dead-lettered rather than retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("record has no payload (null value or tombstone)")]
+    NullPayload,
+    #[error("payload is {size} bytes, over the limit of {limit}")]
+    TooLarge { size: usize, limit: usize },
+    #[error("payload is not valid UTF-8: {detail}")]
+    NotUtf8 { detail: String },
+    #[error("payload is not valid JSON: {detail}")]
+    NotJson { detail: String },
+    #[error("payload is JSON {found}, not an object")]
+    NotObject { found: &'static str },
+    #[error("field `{field}` is missing")]
+    MissingField { field: Field },
+    #[error("field `{field}` appears more than once")]
+    DuplicateField { field: Field },
+    #[error("field `{field}` must be a string, found {found}")]
+    WrongType { field: Field, found: &'static str },
+    #[error("field `{field}` is empty")]
+    EmptyField { field: Field },
+    #[error("field `{field}` is {chars} characters long, over the limit of {limit}")]
+    TooLong {
+        field: Field,
+        chars: usize,
+        limit: usize,
+    },
+    #[error("field `{field}` contains a control character")]
+    ControlCharacter { field: Field },
+    #[error("field `changed_at` is not an RFC 3339 timestamp with an offset: {detail}")]
+    BadTimestamp { detail: String },
+}
+
+impl DecodeError {
+    /// A short, stable label for metrics and for the `reason_code` column.
+    pub fn code(&self) -> &'static str {
+        match self {
+            DecodeError::NullPayload => "null_payload",
+            DecodeError::TooLarge { .. } => "too_large",
+            DecodeError::NotUtf8 { .. } => "not_utf8",
+            DecodeError::NotJson { .. } => "not_json",
+            DecodeError::NotObject { .. } => "not_object",
+            DecodeError::MissingField { .. } => "missing_field",
+            DecodeError::DuplicateField { .. } => "duplicate_field",
+            DecodeError::WrongType { .. } => "wrong_type",
+            DecodeError::EmptyField { .. } => "empty_field",
+            DecodeError::TooLong { .. } => "too_long",
+            DecodeError::ControlCharacter { .. } => "control_character",
+            DecodeError::BadTimestamp { .. } => "bad_timestamp",
+        }
+    }
+
+    /// The payload field the error is about, if it is about one.
+    pub fn field(&self) -> Option<Field> {
+        match self {
+            DecodeError::MissingField { field }
+            | DecodeError::DuplicateField { field }
+            | DecodeError::WrongType { field, .. }
+            | DecodeError::EmptyField { field }
+            | DecodeError::TooLong { field, .. }
+            | DecodeError::ControlCharacter { field } => Some(*field),
+            DecodeError::BadTimestamp { .. } => Some(Field::ChangedAt),
+            _ => None,
+        }
+    }
+}
+
+impl HistoryEvent {
+    /// Decodes and validates one record value. `payload` is `None` for a tombstone.
+    ///
+    /// Unknown fields are ignored, so producers may add fields without breaking this consumer.
+    pub fn decode(payload: Option<&[u8]>, max_payload_bytes: usize) -> Result<Self, DecodeError> {
+        let bytes = payload.ok_or(DecodeError::NullPayload)?;
+        if bytes.len() > max_payload_bytes {
+            return Err(DecodeError::TooLarge {
+                size: bytes.len(),
+                limit: max_payload_bytes,
+            });
+        }
+        let text = std::str::from_utf8(bytes).map_err(|err| DecodeError::NotUtf8 {
+            detail: err.to_string(),
+        })?;
+        let mut deserializer = serde_json::Deserializer::from_str(text);
+        let raw = deserializer
+            .deserialize_any(PayloadVisitor)
+            .map_err(classify_json_error)??;
+        deserializer.end().map_err(|err| DecodeError::NotJson {
+            detail: err.to_string(),
+        })?;
+        raw.validate()
+    }
+}
+
+/// The string fields as found in the payload, before validation; slots follow [`Field::index`].
+#[derive(Default)]
+struct RawPayload {
+    fields: [Option<String>; 5],
+}
+
+impl RawPayload {
+    fn validate(self) -> Result<HistoryEvent, DecodeError> {
+        let [event_id, ticket_id, from_status, to_status, changed_at] = self.fields;
+        let event_id = checked_text(Field::EventId, event_id)?;
+        let ticket_id = checked_text(Field::TicketId, ticket_id)?;
+        let from_status = checked_text(Field::FromStatus, from_status)?;
+        let to_status = checked_text(Field::ToStatus, to_status)?;
+        let changed_at_text = checked_text(Field::ChangedAt, changed_at)?;
+        let changed_at = DateTime::parse_from_rfc3339(&changed_at_text).map_err(|err| {
+            DecodeError::BadTimestamp {
+                detail: format!("{err} in {changed_at_text:?}"),
+            }
+        })?;
+        Ok(HistoryEvent {
+            event_id,
+            ticket_id,
+            from_status,
+            to_status,
+            changed_at,
+        })
+    }
+}
+
+fn checked_text(field: Field, value: Option<String>) -> Result<String, DecodeError> {
+    let value = value.ok_or(DecodeError::MissingField { field })?;
+    if value.trim().is_empty() {
+        return Err(DecodeError::EmptyField { field });
+    }
+    let limit = field.max_chars();
+    // Byte length bounds the character count from above, so the count is only paid for long text.
+    if value.len() > limit {
+        let chars = value.chars().count();
+        if chars > limit {
+            return Err(DecodeError::TooLong {
+                field,
+                chars,
+                limit,
+            });
+        }
+    }
+    // PostgreSQL `text` cannot hold NUL, and control characters in identifiers are producer bugs.
+    if value.chars().any(char::is_control) {
+        return Err(DecodeError::ControlCharacter { field });
+    }
+    Ok(value)
+}
+
+/// What the payload visitor reports when the JSON is well formed but not an event object.
+type VisitResult = Result<RawPayload, DecodeError>;
+
+/// Errors serde itself raises are syntax errors: type errors are reported by the visitors.
+fn classify_json_error(err: serde_json::Error) -> DecodeError {
+    DecodeError::NotJson {
+        detail: err.to_string(),
+    }
+}
+
+struct PayloadVisitor;
+
+impl<'de> Visitor<'de> for PayloadVisitor {
+    type Value = VisitResult;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<VisitResult, A::Error> {
+        let mut raw = RawPayload::default();
+        let mut first_error = None;
+        while let Some(key) = map.next_key::<KeyName<'de>>()? {
+            let Some(field) = Field::from_key(key.as_str()) else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let value = map.next_value::<FieldValue>()?;
+            if first_error.is_some() {
+                continue;
+            }
+            let slot = &mut raw.fields[field.index()];
+            match value {
+                _ if slot.is_some() => first_error = Some(DecodeError::DuplicateField { field }),
+                FieldValue::Text(text) => *slot = Some(text),
+                FieldValue::Other(found) => {
+                    first_error = Some(DecodeError::WrongType { field, found })
+                }
+            }
+        }
+        Ok(match first_error {
+            Some(err) => Err(err),
+            None => Ok(raw),
+        })
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<VisitResult, E> {
+        Ok(Err(DecodeError::NotObject { found: "null" }))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<VisitResult, E> {
+        Ok(Err(DecodeError::NotObject { found: "a boolean" }))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<VisitResult, E> {
+        Ok(Err(DecodeError::NotObject { found: "a number" }))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<VisitResult, E> {
+        Ok(Err(DecodeError::NotObject { found: "a number" }))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<VisitResult, E> {
+        Ok(Err(DecodeError::NotObject { found: "a number" }))
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<VisitResult, E> {
+        Ok(Err(DecodeError::NotObject { found: "a string" }))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<VisitResult, A::Error> {
+        // Consume the array so that syntax errors later in it still surface as `NotJson`.
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Err(DecodeError::NotObject { found: "an array" }))
+    }
+}
+
+/// An object key, borrowed when it has no escapes.
+struct KeyName<'de>(std::borrow::Cow<'de, str>);
+
+impl KeyName<'_> {
+    fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> de::Deserialize<'de> for KeyName<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = KeyName<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(KeyName(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(KeyName(std::borrow::Cow::Owned(v.to_owned())))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// A known field's value: a string, or the JSON type found instead.
+enum FieldValue {
+    Text(String),
+    Other(&'static str),
+}
+
+impl<'de> de::Deserialize<'de> for FieldValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(FieldValueVisitor)
+    }
+}
+
+struct FieldValueVisitor;
+
+impl<'de> Visitor<'de> for FieldValueVisitor {
+    type Value = FieldValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<FieldValue, E> {
+        Ok(FieldValue::Text(v.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<FieldValue, E> {
+        Ok(FieldValue::Text(v))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<FieldValue, E> {
+        Ok(FieldValue::Other("null"))
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<FieldValue, E> {
+        Ok(FieldValue::Other("a boolean"))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<FieldValue, E> {
+        Ok(FieldValue::Other("a number"))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<FieldValue, E> {
+        Ok(FieldValue::Other("a number"))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<FieldValue, E> {
+        Ok(FieldValue::Other("a number"))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<FieldValue, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(FieldValue::Other("an array"))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FieldValue, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(FieldValue::Other("an object"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: usize = 64 * 1024;
+
+    fn decode(text: &str) -> Result<HistoryEvent, DecodeError> {
+        HistoryEvent::decode(Some(text.as_bytes()), LIMIT)
+    }
+
+    const SEED_900: &str = r#"{"event_id":"event-ticket-900","ticket_id":"ticket-42","from_status":"open","to_status":"resolved","changed_at":"2026-10-03T08:00:00Z"}"#;
+
+    #[test]
+    fn decodes_the_seed_event() {
+        let event = decode(SEED_900).unwrap();
+        assert_eq!(event.event_id, "event-ticket-900");
+        assert_eq!(event.ticket_id, "ticket-42");
+        assert_eq!(event.from_status, "open");
+        assert_eq!(event.to_status, "resolved");
+        assert_eq!(event.changed_at.to_rfc3339(), "2026-10-03T08:00:00+00:00");
+    }
+
+    #[test]
+    fn ignores_unknown_fields_of_any_type() {
+        let text = r#"{"schema":2,"event_id":"e","nested":{"a":[1,2,{"b":null}]},"ticket_id":"t","from_status":"a","to_status":"b","changed_at":"2026-10-03T08:00:00+02:00","extra":"x"}"#;
+        let event = decode(text).unwrap();
+        assert_eq!(event.changed_at.offset().local_minus_utc(), 7200);
+    }
+
+    #[test]
+    fn decodes_escaped_strings() {
+        let text = r#"{"event_id":"ev\u00e9nt","ticket_id":"t\"1","from_status":"a","to_status":"b","changed_at":"2026-10-03T08:00:00Z"}"#;
+        let event = decode(text).unwrap();
+        assert_eq!(event.event_id, "evént");
+        assert_eq!(event.ticket_id, "t\"1");
+    }
+
+    #[test]
+    fn rejects_a_tombstone() {
+        assert_eq!(
+            HistoryEvent::decode(None, LIMIT),
+            Err(DecodeError::NullPayload)
+        );
+    }
+
+    #[test]
+    fn rejects_an_oversized_payload_before_parsing_it() {
+        let err = HistoryEvent::decode(Some(&[b'x'; 100]), 99).unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::TooLarge {
+                size: 100,
+                limit: 99
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bytes_that_are_not_utf8() {
+        let err = HistoryEvent::decode(Some(b"{\"event_id\":\"\xff\"}"), LIMIT).unwrap_err();
+        assert_eq!(err.code(), "not_utf8");
+    }
+
+    #[test]
+    fn rejects_text_that_is_not_json() {
+        for text in [
+            "",
+            "not json",
+            "{\"event_id\":",
+            "{} trailing",
+            "{\"a\":1,}",
+        ] {
+            assert_eq!(decode(text).unwrap_err().code(), "not_json", "{text:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_json_that_is_not_an_object() {
+        for (text, found) in [
+            ("null", "null"),
+            ("true", "a boolean"),
+            ("42", "a number"),
+            ("-1.5", "a number"),
+            ("\"event\"", "a string"),
+            ("[1, 2]", "an array"),
+        ] {
+            assert_eq!(
+                decode(text),
+                Err(DecodeError::NotObject { found }),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_the_missing_field() {
+        let text = r#"{"event_id":"e","ticket_id":"t","from_status":"a","changed_at":"2026-10-03T08:00:00Z"}"#;
+        let err = decode(text).unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::MissingField {
+                field: Field::ToStatus
+            }
+        );
+        assert_eq!(err.to_string(), "field `to_status` is missing");
+        assert_eq!(err.field(), Some(Field::ToStatus));
+    }
+
+    #[test]
+    fn names_the_field_of_the_wrong_type() {
+        let text = r#"{"event_id":900,"ticket_id":"t","from_status":"a","to_status":"b","changed_at":"2026-10-03T08:00:00Z"}"#;
+        assert_eq!(
+            decode(text),
+            Err(DecodeError::WrongType {
+                field: Field::EventId,
+                found: "a number"
+            })
+        );
+        let text = r#"{"event_id":"e","ticket_id":null,"from_status":"a","to_status":"b","changed_at":"2026-10-03T08:00:00Z"}"#;
+        assert_eq!(
+            decode(text),
+            Err(DecodeError::WrongType {
+                field: Field::TicketId,
+                found: "null"
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_empty_and_blank_fields() {
+        for value in ["", "   ", "\t"] {
+            let text = format!(
+                r#"{{"event_id":"e","ticket_id":"t","from_status":"{}","to_status":"b","changed_at":"2026-10-03T08:00:00Z"}}"#,
+                value.replace('\t', "\\t")
+            );
+            assert_eq!(
+                decode(&text),
+                Err(DecodeError::EmptyField {
+                    field: Field::FromStatus
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_too_long_fields_and_counts_characters_not_bytes() {
+        let at_limit = "é".repeat(MAX_ID_CHARS);
+        let text = format!(
+            r#"{{"event_id":"{at_limit}","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"2026-10-03T08:00:00Z"}}"#
+        );
+        assert!(decode(&text).is_ok());
+        let over = "x".repeat(MAX_STATUS_CHARS + 1);
+        let text = format!(
+            r#"{{"event_id":"e","ticket_id":"t","from_status":"a","to_status":"{over}","changed_at":"2026-10-03T08:00:00Z"}}"#
+        );
+        assert_eq!(
+            decode(&text),
+            Err(DecodeError::TooLong {
+                field: Field::ToStatus,
+                chars: MAX_STATUS_CHARS + 1,
+                limit: MAX_STATUS_CHARS
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_nul_and_control_characters() {
+        let text = r#"{"event_id":"e\u0000","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"2026-10-03T08:00:00Z"}"#;
+        assert_eq!(
+            decode(text),
+            Err(DecodeError::ControlCharacter {
+                field: Field::EventId
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_a_duplicated_field() {
+        let text = r#"{"event_id":"e","event_id":"f","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"2026-10-03T08:00:00Z"}"#;
+        assert_eq!(
+            decode(text),
+            Err(DecodeError::DuplicateField {
+                field: Field::EventId
+            })
+        );
+    }
+
+    #[test]
+    fn rejects_timestamps_without_offset_or_invalid() {
+        for stamp in [
+            "2026-10-03T08:00:00",
+            "2026-10-03",
+            "yesterday",
+            "2026-13-03T08:00:00Z",
+            "1696320000",
+        ] {
+            let text = format!(
+                r#"{{"event_id":"e","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"{stamp}"}}"#
+            );
+            let err = decode(&text).unwrap_err();
+            assert_eq!(err.code(), "bad_timestamp", "{stamp}");
+            assert_eq!(err.field(), Some(Field::ChangedAt));
+        }
+    }
+
+    #[test]
+    fn reports_a_syntax_error_after_a_bad_field_as_not_json() {
+        let text = r#"{"event_id":5,"ticket_id":"t" "#;
+        assert_eq!(decode(text).unwrap_err().code(), "not_json");
+    }
+}

@@ -1,0 +1,218 @@
+//! The per-event transaction of SPEC §3 and its outcome contract, over an abstract repository.
+//!
+//! The rules live here, apart from PostgreSQL, so a scripted fake can prove every path:
+//! Begin → TryInbox → (SaveHistory → Commit) with exactly one Rollback after a successful Begin on
+//! every path without a confirmed Commit, never a Rollback after a confirmed Commit, and any
+//! repository error handed back unwrapped as [`Outcome::Unknown`].
+
+use std::collections::HashMap;
+use std::future::Future;
+
+use super::event::HistoryEvent;
+
+/// What processing one delivery of an event came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<E> {
+    /// The inbox marker and the history row were committed by this call.
+    Applied,
+    /// The event was already recorded: a confirmed duplicate, not an error.
+    AlreadyApplied,
+    /// The repository failed; whether the pair exists is not known. Carries the very error the
+    /// repository returned. The record's offset stays unresolved and the event is retried.
+    Unknown(E),
+}
+
+/// A known outcome: the two variants of [`Outcome`] that resolve a record's offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resolution {
+    Applied,
+    AlreadyApplied,
+}
+
+impl<E> From<Resolution> for Outcome<E> {
+    fn from(resolution: Resolution) -> Self {
+        match resolution {
+            Resolution::Applied => Outcome::Applied,
+            Resolution::AlreadyApplied => Outcome::AlreadyApplied,
+        }
+    }
+}
+
+/// Opens transactions on the History database.
+///
+/// The futures are `Send` so a repository can be driven from any runtime, actor or task.
+pub trait HistoryRepository {
+    type Error;
+    type Tx: HistoryTransaction<Error = Self::Error>;
+
+    /// Starts a transaction.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
+}
+
+/// One open transaction. Its methods mirror the seed's steps one to one.
+pub trait HistoryTransaction: Send {
+    type Error;
+
+    /// Claims the inbox marker: `true` if this transaction inserted it, `false` if it existed.
+    fn try_inbox(
+        &mut self,
+        event_id: &str,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+
+    /// Claims many markers at once; returns, in input order, whether each id was inserted by
+    /// this transaction. The ids are distinct.
+    fn try_inbox_batch(
+        &mut self,
+        event_ids: &[&str],
+    ) -> impl Future<Output = Result<Vec<bool>, Self::Error>> + Send;
+
+    /// Inserts the history row of an event whose marker this transaction claimed.
+    fn save_history(
+        &mut self,
+        event: &HistoryEvent,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Inserts the history rows of events whose markers this transaction claimed.
+    fn save_history_batch(
+        &mut self,
+        events: &[&HistoryEvent],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    fn commit(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    fn rollback(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// The seed's `ProcessHistoryOnce`: records one event at most once.
+pub async fn process_history_once<R: HistoryRepository>(
+    repository: &R,
+    event: &HistoryEvent,
+) -> Outcome<R::Error> {
+    let mut tx = match repository.begin().await {
+        Ok(tx) => tx,
+        // Nothing was opened, so there is nothing to roll back.
+        Err(err) => return Outcome::Unknown(err),
+    };
+    let outcome = match tx.try_inbox(&event.event_id).await {
+        Ok(false) => Outcome::AlreadyApplied,
+        Ok(true) => match tx.save_history(event).await {
+            Ok(()) => match tx.commit().await {
+                Ok(()) => return Outcome::Applied,
+                Err(err) => Outcome::Unknown(err),
+            },
+            Err(err) => Outcome::Unknown(err),
+        },
+        Err(err) => Outcome::Unknown(err),
+    };
+    // Cleanup only: the outcome is already decided, and a failed rollback changes nothing
+    // about it (the server aborts a transaction whose session ends).
+    let _ = tx.rollback().await;
+    outcome
+}
+
+/// Records a batch of events in one transaction, with every event getting the outcome it would
+/// have got alone: `Ok` holds one [`Resolution`] per input event, in input order; `Err` means
+/// every event of the batch is [`Outcome::Unknown`] with that error.
+///
+/// Events sharing an `event_id` within the batch: the first is `Applied` (if new), the rest
+/// `AlreadyApplied`. A batch of nothing but duplicates is rolled back, like the single path.
+pub async fn process_history_batch<R: HistoryRepository>(
+    repository: &R,
+    events: &[&HistoryEvent],
+) -> Result<Vec<Resolution>, R::Error> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tx = repository.begin().await?;
+    let plan = BatchPlan::new(events);
+    let result = run_batch(&mut tx, &plan).await;
+    match result {
+        Ok(BatchCommit::Committed(resolutions)) => Ok(resolutions),
+        Ok(BatchCommit::NothingNew(resolutions)) => {
+            let _ = tx.rollback().await;
+            Ok(resolutions)
+        }
+        Err(err) => {
+            let _ = tx.rollback().await;
+            Err(err)
+        }
+    }
+}
+
+enum BatchCommit {
+    /// Something new was written and the commit was confirmed.
+    Committed(Vec<Resolution>),
+    /// Every event was a duplicate; the transaction is still open and needs its rollback.
+    NothingNew(Vec<Resolution>),
+}
+
+async fn run_batch<T: HistoryTransaction>(
+    tx: &mut T,
+    plan: &BatchPlan<'_>,
+) -> Result<BatchCommit, T::Error> {
+    let inserted = tx.try_inbox_batch(&plan.distinct_ids).await?;
+    let new_events: Vec<&HistoryEvent> = plan
+        .first_of_id
+        .iter()
+        .zip(&inserted)
+        .filter(|&(_, &is_new)| is_new)
+        .map(|(&index, _)| plan.events[index])
+        .collect();
+    let resolutions = plan.resolutions(&inserted);
+    if new_events.is_empty() {
+        return Ok(BatchCommit::NothingNew(resolutions));
+    }
+    tx.save_history_batch(&new_events).await?;
+    tx.commit().await?;
+    Ok(BatchCommit::Committed(resolutions))
+}
+
+/// Which input events carry the first occurrence of each `event_id`.
+struct BatchPlan<'a> {
+    events: &'a [&'a HistoryEvent],
+    /// Distinct ids, in order of first occurrence.
+    distinct_ids: Vec<&'a str>,
+    /// For each distinct id, the index of the event that first carried it.
+    first_of_id: Vec<usize>,
+    /// For each input event, the index of its id in `distinct_ids`.
+    id_slot: Vec<usize>,
+}
+
+impl<'a> BatchPlan<'a> {
+    fn new(events: &'a [&'a HistoryEvent]) -> Self {
+        let mut slots: HashMap<&str, usize> = HashMap::with_capacity(events.len());
+        let mut distinct_ids = Vec::with_capacity(events.len());
+        let mut first_of_id = Vec::with_capacity(events.len());
+        let id_slot = events
+            .iter()
+            .enumerate()
+            .map(|(index, event)| {
+                *slots.entry(event.event_id.as_str()).or_insert_with(|| {
+                    distinct_ids.push(event.event_id.as_str());
+                    first_of_id.push(index);
+                    distinct_ids.len() - 1
+                })
+            })
+            .collect();
+        BatchPlan {
+            events,
+            distinct_ids,
+            first_of_id,
+            id_slot,
+        }
+    }
+
+    fn resolutions(&self, inserted: &[bool]) -> Vec<Resolution> {
+        self.id_slot
+            .iter()
+            .enumerate()
+            .map(|(index, &slot)| {
+                if inserted[slot] && self.first_of_id[slot] == index {
+                    Resolution::Applied
+                } else {
+                    Resolution::AlreadyApplied
+                }
+            })
+            .collect()
+    }
+}

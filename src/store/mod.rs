@@ -1,0 +1,10 @@
+//! PostgreSQL: the connection pool, the repository of the per-event transaction, migrations
+//! and the invariant check.
+
+pub mod migrate;
+pub mod pool;
+pub mod repository;
+pub mod verify;
+
+pub use pool::{PgConnection, PgPool, StoreError, connect_pool};
+pub use repository::{PgHistoryRepository, PgTransaction};

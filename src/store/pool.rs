@@ -1,0 +1,137 @@
+//! The bb8 pool of PostgreSQL connections, each with its prepared statements.
+
+use std::time::Duration;
+
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::{Client, NoTls, Statement};
+
+/// Any failure talking to the History database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No connection within the pool's timeout: the database is down or unreachable.
+    #[error("no database connection available: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("migration failed: {0}")]
+    Migration(String),
+}
+
+impl From<bb8::RunError<tokio_postgres::Error>> for StoreError {
+    fn from(err: bb8::RunError<tokio_postgres::Error>) -> Self {
+        match err {
+            bb8::RunError::User(err) => StoreError::Db(err),
+            bb8::RunError::TimedOut => {
+                StoreError::Unavailable("timed out waiting for a connection".to_owned())
+            }
+        }
+    }
+}
+
+pub type PgPool = bb8::Pool<PgManager>;
+
+/// A pooled connection: the client, its prepared statements, and whether it must be discarded.
+pub struct PgConnection {
+    pub client: Client,
+    statements: Option<Statements>,
+    /// Set when the connection may be left inside a transaction (a transaction dropped before
+    /// Commit or Rollback finished). Such a connection is closed, never reused.
+    pub(crate) poisoned: bool,
+}
+
+impl PgConnection {
+    /// The prepared statements, prepared on first use: the tables may not exist yet when the
+    /// connection is made (before migrations).
+    pub async fn statements(&mut self) -> Result<&Statements, tokio_postgres::Error> {
+        if self.statements.is_none() {
+            self.statements = Some(Statements::prepare(&self.client).await?);
+        }
+        Ok(self.statements.as_ref().expect("prepared above"))
+    }
+}
+
+/// The statements of the hot path, prepared once per connection.
+pub struct Statements {
+    pub try_inbox: Statement,
+    pub save_history: Statement,
+    pub try_inbox_batch: Statement,
+    pub save_history_batch: Statement,
+}
+
+impl Statements {
+    async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
+        let (try_inbox, save_history, try_inbox_batch, save_history_batch) = futures::try_join!(
+            client.prepare(
+                "INSERT INTO inbox (event_id) VALUES ($1) \
+                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+            ),
+            client.prepare(
+                "INSERT INTO history_events \
+                 (event_id, ticket_id, from_status, to_status, changed_at) \
+                 VALUES ($1, $2, $3, $4, $5)"
+            ),
+            // Sorted so that concurrent batches lock markers in one order and cannot deadlock.
+            client.prepare(
+                "INSERT INTO inbox (event_id) \
+                 SELECT id FROM unnest($1::text[]) AS input(id) ORDER BY id \
+                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+            ),
+            client.prepare(
+                "INSERT INTO history_events \
+                 (event_id, ticket_id, from_status, to_status, changed_at) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
+                 $5::timestamptz[])"
+            ),
+        )?;
+        Ok(Statements {
+            try_inbox,
+            save_history,
+            try_inbox_batch,
+            save_history_batch,
+        })
+    }
+}
+
+/// bb8-postgres's manager, plus the prepared statements and the poisoned flag.
+pub struct PgManager {
+    inner: PostgresConnectionManager<NoTls>,
+}
+
+impl bb8::ManageConnection for PgManager {
+    type Connection = PgConnection;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<PgConnection, tokio_postgres::Error> {
+        let client = self.inner.connect().await?;
+        Ok(PgConnection {
+            client,
+            statements: None,
+            poisoned: false,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut PgConnection) -> Result<(), tokio_postgres::Error> {
+        self.inner.is_valid(&mut conn.client).await
+    }
+
+    fn has_broken(&self, conn: &mut PgConnection) -> bool {
+        conn.poisoned || conn.client.is_closed()
+    }
+}
+
+/// Builds the pool without connecting: the service starts (and reports not-ready) while the
+/// database is down, and connects when it answers.
+pub fn connect_pool(
+    config: tokio_postgres::Config,
+    size: u32,
+    connect_timeout: Duration,
+) -> PgPool {
+    let manager = PgManager {
+        inner: PostgresConnectionManager::new(config, NoTls),
+    };
+    bb8::Pool::builder()
+        .max_size(size)
+        .min_idle(Some(0))
+        .connection_timeout(connect_timeout)
+        .build_unchecked(manager)
+}
