@@ -34,11 +34,49 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the service: consume the configured topics in the consumer group and record every
+    /// event exactly once in effect. Stops gracefully on SIGINT or SIGTERM.
+    Run,
+    /// Run the whole service on embedded defaults: an embedded broker, the configured
+    /// PostgreSQL (or a throwaway one), the seed scenario and a generated stream, then a report.
+    Demo(DemoArgs),
+    /// Run an embedded Kafka-protocol broker (librdkafka's mock cluster) for local development.
+    /// Prints `bootstrap.servers=HOST:PORT` as its first line; runs until SIGINT or SIGTERM.
+    DevKafka(DevKafkaArgs),
     /// Apply pending database migrations, then exit. Safe to run from several replicas at once.
     Migrate(MigrateArgs),
     /// Check the database's invariants: every inbox marker has its history row and every row
     /// its marker. Exits 0 if they hold, 1 naming the offending event_ids if not, 2 on error.
     Verify(VerifyArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Generated records after the three seed records.
+    #[arg(long, default_value_t = 20_000)]
+    pub events: usize,
+    /// Partitions of the demo topic.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+    /// Fraction of generated records that redeliver an earlier event.
+    #[arg(long, default_value_t = 0.1)]
+    pub duplicates: f64,
+    /// Fraction of generated records that are poison (dead-lettered).
+    #[arg(long, default_value_t = 0.0005)]
+    pub poison: f64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DevKafkaArgs {
+    /// Topic to create.
+    #[arg(long, default_value = "tickets.status.v1")]
+    pub topic: String,
+    /// Partitions of the topic.
+    #[arg(long, default_value_t = 3)]
+    pub partitions: i32,
+    /// Brokers in the cluster.
+    #[arg(long, default_value_t = 1)]
+    pub brokers: i32,
 }
 
 #[derive(Debug, clap::Args)]
@@ -65,9 +103,27 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    crate::telemetry::init(&settings.log);
+    let mut log = settings.log.clone();
+    if matches!(cli.command, Command::Demo(_)) && std::env::var_os("RUST_LOG").is_none() {
+        // The demo prints its own progress and report; only warnings (poison records, retries)
+        // are worth interleaving with them.
+        log.filter = "warn".to_owned();
+    }
+    crate::telemetry::init(&log);
     let runtime = actix_rt::System::new();
     let result = match cli.command {
+        Command::Run => runtime.block_on(run_service(&settings)),
+        Command::Demo(args) => runtime.block_on(run_demo(&settings, &args)),
+        Command::DevKafka(args) => runtime.block_on(async {
+            crate::dev::dev_kafka(
+                &args.topic,
+                args.partitions,
+                args.brokers,
+                crate::app::shutdown_signal(),
+            )
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }),
         Command::Migrate(args) => runtime.block_on(run_migrate(&settings, &args)),
         Command::Verify(args) => runtime.block_on(run_verify(&settings, &args)),
     };
@@ -77,6 +133,34 @@ pub fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+async fn run_service(settings: &Settings) -> anyhow::Result<ExitCode> {
+    crate::app::run(settings, crate::app::shutdown_signal())
+        .await
+        .context("history-service failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_demo(settings: &Settings, args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    let options = crate::dev::demo::DemoOptions {
+        records: args.events,
+        partitions: args.partitions,
+        duplicates: args.duplicates,
+        poison: args.poison,
+        ..Default::default()
+    };
+    let report = crate::dev::demo::run(settings, &options)
+        .await
+        .context("demo failed")?;
+    print!("{}", report.render(&options.topic));
+    if report.is_correct() {
+        println!("OK: every event recorded once, every poison record kept, every offset committed");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("FAILED: the run did not meet the promise (see above)");
+        Ok(ExitCode::from(1))
     }
 }
 

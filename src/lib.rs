@@ -6,11 +6,22 @@
 //! - [`offsets`]: the ordered window that decides how far a partition may be committed;
 //! - [`config`]: layered, validated settings;
 //! - [`store`]: PostgreSQL — the repository, migrations, the invariant check;
+//! - [`actors`]: the actix pipeline — Kafka supervisor, partition actors, DB writers and the
+//!   OffsetCommitter — with [`kafka`] holding the rdkafka consumer it drives;
+//! - [`app`]: wires the service from its settings and runs it until shutdown; [`http`] serves
+//!   metrics and health; [`metrics`] names what is counted;
+//! - [`dev`]: the embedded broker, the demo and workload generation;
 //! - [`cli`]: the commands of the `history-service` binary.
 
+pub mod actors;
+pub mod app;
 pub mod cli;
 pub mod config;
+pub mod dev;
 pub mod domain;
+pub mod http;
+pub mod kafka;
+pub mod metrics;
 pub mod offsets;
 pub mod store;
 pub mod telemetry;

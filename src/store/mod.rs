@@ -1,6 +1,7 @@
 //! PostgreSQL: the connection pool, the repository of the per-event transaction, migrations
 //! and the invariant check.
 
+pub mod dead_letters;
 pub mod migrate;
 pub mod pool;
 pub mod repository;

@@ -56,11 +56,12 @@ pub struct Statements {
     pub save_history: Statement,
     pub try_inbox_batch: Statement,
     pub save_history_batch: Statement,
+    pub insert_dead_letters: Statement,
 }
 
 impl Statements {
     async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
-        let (try_inbox, save_history, try_inbox_batch, save_history_batch) = futures::try_join!(
+        let (try_inbox, save_history, try_inbox_batch, save_history_batch, insert_dead_letters) = futures::try_join!(
             client.prepare(
                 "INSERT INTO inbox (event_id) VALUES ($1) \
                  ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
@@ -82,12 +83,20 @@ impl Statements {
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
                  $5::timestamptz[])"
             ),
+            client.prepare(
+                "INSERT INTO dead_letters (topic, partition, \"offset\", record_key, payload, \
+                 reason_code, reason, field, record_timestamp) \
+                 SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], \
+                 $5::bytea[], $6::text[], $7::text[], $8::text[], $9::timestamptz[]) \
+                 ON CONFLICT (topic, partition, \"offset\") DO NOTHING"
+            ),
         )?;
         Ok(Statements {
             try_inbox,
             save_history,
             try_inbox_batch,
             save_history_batch,
+            insert_dead_letters,
         })
     }
 }

@@ -2,7 +2,10 @@
 //! broker). One binary, so it links once. Every test creates and drops its own database.
 
 mod common;
+mod mock_kafka;
 
 mod cli;
+mod end_to_end;
 mod migrations;
+mod pipeline;
 mod repository;

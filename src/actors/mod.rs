@@ -1,0 +1,12 @@
+//! The actor system (actix): a Kafka supervisor, one partition actor per assigned partition, a
+//! pool of DB writers and the OffsetCommitter. `messages` lists what they exchange, and how a
+//! record travels from fetch to offset commit.
+
+pub mod committer;
+pub mod messages;
+pub mod partition;
+pub mod pipeline;
+pub mod supervisor;
+pub mod writer;
+
+pub use pipeline::Pipeline;

@@ -1,0 +1,211 @@
+//! One PartitionActor per assigned partition: decodes its records, has their offsets tracked
+//! by the OffsetCommitter, and hands the work to the DB writers — never more than
+//! `max_in_flight_per_partition` records between the committed position and the newest one.
+//! When that window is full it asks the Kafka side to pause the partition, and to resume it
+//! once the window has drained to half.
+
+use std::collections::VecDeque;
+
+use actix::prelude::*;
+use tracing::{debug, warn};
+
+use super::messages::{
+    Epoch, FlowControl, Records, StopPartition, TopicPartition, Track, TrackReply, WindowState,
+    WindowUpdate, Work, WriteJob,
+};
+use super::pipeline::Pipeline;
+use crate::domain::HistoryEvent;
+use crate::store::dead_letters::DeadLetter;
+
+pub struct PartitionActor {
+    tp: TopicPartition,
+    epoch: Epoch,
+    pipeline: Pipeline,
+    kafka: Recipient<FlowControl>,
+    /// Decoded records waiting for room in the window, in offset order.
+    pending: VecDeque<WriteJob>,
+    /// The window as the committer last reported it.
+    window: WindowState,
+    /// A Track request is on its way; the next waits for its reply, keeping dispatch in order.
+    tracking: bool,
+    paused: bool,
+}
+
+impl PartitionActor {
+    pub fn new(
+        tp: TopicPartition,
+        epoch: Epoch,
+        pipeline: Pipeline,
+        kafka: Recipient<FlowControl>,
+    ) -> Self {
+        PartitionActor {
+            tp,
+            epoch,
+            pipeline,
+            kafka,
+            pending: VecDeque::new(),
+            window: WindowState::default(),
+            tracking: false,
+            paused: false,
+        }
+    }
+
+    fn max_in_flight(&self) -> usize {
+        self.pipeline.settings().max_in_flight_per_partition
+    }
+
+    fn decode(&self, record: super::messages::Record) -> WriteJob {
+        let max_payload = self.pipeline.settings().max_payload_bytes;
+        let work = match HistoryEvent::decode(record.payload.as_deref(), max_payload) {
+            Ok(event) => Work::Event(event),
+            Err(error) => {
+                warn!(
+                    tp = %self.tp,
+                    offset = record.offset,
+                    reason = error.code(),
+                    %error,
+                    "poison record: it goes to the dead-letter table"
+                );
+                Work::DeadLetter(DeadLetter::new(
+                    &error,
+                    record.key,
+                    record.payload,
+                    record.timestamp_ms,
+                ))
+            }
+        };
+        WriteJob {
+            tp: self.tp.clone(),
+            epoch: self.epoch,
+            offset: record.offset,
+            work,
+        }
+    }
+
+    fn observe(&mut self, window: WindowState) {
+        if window.version >= self.window.version {
+            self.window = window;
+        }
+    }
+
+    /// Moves pending records into the window as far as it has room.
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        if self.tracking {
+            return;
+        }
+        if self.pending.is_empty() {
+            self.resume_if_drained();
+            return;
+        }
+        let room = self.max_in_flight().saturating_sub(self.window.len);
+        if room == 0 {
+            self.pause();
+            return;
+        }
+        let take = room.min(self.pending.len());
+        let jobs: Vec<WriteJob> = self.pending.drain(..take).collect();
+        if !self.pending.is_empty() {
+            // What is left cannot fit: stop fetching more until the window drains.
+            self.pause();
+        }
+        self.tracking = true;
+        let track = Track {
+            tp: self.tp.clone(),
+            epoch: self.epoch,
+            offsets: jobs.iter().map(|job| job.offset).collect(),
+            partition: ctx.address().recipient(),
+        };
+        let request = self.pipeline.committer().send(track);
+        ctx.spawn(request.into_actor(self).map(move |reply, actor, ctx| {
+            actor.tracking = false;
+            match reply {
+                Ok(TrackReply::Accepted { dispatch, window }) => {
+                    actor.observe(window);
+                    let jobs = jobs
+                        .into_iter()
+                        .zip(dispatch)
+                        .filter_map(|(job, dispatch)| dispatch.then_some(job));
+                    actor.pipeline.dispatch(jobs);
+                    actor.pump(ctx);
+                }
+                Ok(TrackReply::Rejected) | Err(_) => {
+                    debug!(tp = %actor.tp, epoch = actor.epoch, "assignment over");
+                    ctx.stop();
+                }
+            }
+        }));
+    }
+
+    fn pause(&mut self) {
+        if !self.paused {
+            self.paused = true;
+            debug!(tp = %self.tp, window = self.window.len, "window full: pausing");
+            self.kafka.do_send(FlowControl::Pause {
+                tp: self.tp.clone(),
+                epoch: self.epoch,
+            });
+        }
+    }
+
+    fn resume_if_drained(&mut self) {
+        if self.paused && self.pending.is_empty() && self.window.len <= self.max_in_flight() / 2 {
+            self.paused = false;
+            debug!(tp = %self.tp, window = self.window.len, "window drained: resuming");
+            self.kafka.do_send(FlowControl::Resume {
+                tp: self.tp.clone(),
+                epoch: self.epoch,
+            });
+        }
+    }
+}
+
+impl Actor for PartitionActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // The supervisor never waits on this mailbox (it uses do_send); the window bounds it.
+        ctx.set_mailbox_capacity(256);
+        debug!(tp = %self.tp, epoch = self.epoch, "partition actor started");
+    }
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        debug!(
+            tp = %self.tp,
+            epoch = self.epoch,
+            abandoned = self.pending.len(),
+            "partition actor stopped"
+        );
+    }
+}
+
+impl Handler<Records> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Records, ctx: &mut Context<Self>) {
+        self.pipeline.stats().records_fetched(msg.0.len() as u64);
+        for record in msg.0 {
+            let job = self.decode(record);
+            self.pending.push_back(job);
+        }
+        self.pump(ctx);
+    }
+}
+
+impl Handler<WindowUpdate> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: WindowUpdate, ctx: &mut Context<Self>) {
+        if msg.epoch == self.epoch {
+            self.observe(msg.window);
+            self.pump(ctx);
+        }
+    }
+}
+
+impl Handler<StopPartition> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, _: StopPartition, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}

@@ -1,0 +1,257 @@
+//! The Kafka supervisor: owns the consumer-group membership, fetches records, and hands each
+//! partition's records to its partition actor. It pauses and resumes partitions at their actors'
+//! request and performs the commits the OffsetCommitter asks for.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::StreamExt;
+use rdkafka::TopicPartitionList;
+use rdkafka::consumer::{CommitMode, Consumer};
+use tracing::{debug, error, info, warn};
+
+use super::messages::{
+    CommitOffsets, CommitPosition, Epoch, FlowControl, Record, Records, StopPartition,
+    TopicPartition,
+};
+use super::partition::PartitionActor;
+use super::pipeline::Pipeline;
+use crate::kafka::context::{commit_list, commit_sync};
+use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
+
+/// Most items handled in one go; a chunk is split per partition into `Records` messages.
+const CHUNK: usize = 1024;
+
+pub struct KafkaSupervisor {
+    consumer: Option<Arc<HistoryConsumer>>,
+    pipeline: Pipeline,
+    partitions: HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
+    fetching: Option<SpawnHandle>,
+}
+
+impl KafkaSupervisor {
+    pub fn new(consumer: Arc<HistoryConsumer>, pipeline: Pipeline) -> Self {
+        KafkaSupervisor {
+            consumer: Some(consumer),
+            pipeline,
+            partitions: HashMap::new(),
+            fetching: None,
+        }
+    }
+
+    fn consumer(&self) -> Option<&HistoryConsumer> {
+        self.consumer.as_deref()
+    }
+
+    fn rebalanced(&mut self, event: RebalanceEvent, ctx: &mut Context<Self>) {
+        match event {
+            RebalanceEvent::Assigned(assigned) => {
+                let mut resumed = TopicPartitionList::new();
+                for (tp, epoch) in assigned {
+                    // A partition paused under its previous assignment must not stay paused.
+                    resumed.add_partition(&tp.topic, tp.partition);
+                    let actor =
+                        self.pipeline
+                            .start_partition(tp.clone(), epoch, ctx.address().recipient());
+                    if let Some((_, old)) = self.partitions.insert(tp, (epoch, actor)) {
+                        old.do_send(StopPartition);
+                    }
+                }
+                if let Some(consumer) = self.consumer() {
+                    let _ = consumer.resume(&resumed);
+                }
+            }
+            RebalanceEvent::Revoked { partitions, .. } => {
+                for (tp, epoch) in partitions {
+                    if let Some((current, _)) = self.partitions.get(&tp) {
+                        if *current == epoch {
+                            let (_, actor) = self.partitions.remove(&tp).expect("present");
+                            actor.do_send(StopPartition);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn deliver(&self, tp: TopicPartition, records: Vec<Record>) {
+        match self.partitions.get(&tp) {
+            Some((_, actor)) => actor.do_send(Records(records)),
+            None => {
+                // Not assigned here (a record fetched just before its revoke). Dropping it is
+                // safe: nothing after it in this partition can be committed by this process.
+                debug!(%tp, count = records.len(), "records of an unassigned partition dropped");
+            }
+        }
+    }
+
+    fn current_epoch(&self, tp: &TopicPartition) -> Option<Epoch> {
+        self.partitions.get(tp).map(|(epoch, _)| *epoch)
+    }
+
+    fn stop_partitions(&mut self) {
+        for (_, (_, actor)) in self.partitions.drain() {
+            actor.do_send(StopPartition);
+        }
+    }
+}
+
+impl Actor for KafkaSupervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(1024);
+        if let Some(consumer) = self.consumer.clone() {
+            let stream = item_stream(consumer).ready_chunks(CHUNK);
+            self.fetching = Some(ctx.add_stream(stream));
+        }
+    }
+}
+
+impl StreamHandler<Vec<KafkaItem>> for KafkaSupervisor {
+    fn handle(&mut self, items: Vec<KafkaItem>, ctx: &mut Context<Self>) {
+        // Records of consecutive items are grouped per partition, in order; a rebalance event
+        // first delivers what came before it.
+        let mut runs: Vec<(TopicPartition, Vec<Record>)> = Vec::new();
+        for item in items {
+            match item {
+                KafkaItem::Record(tp, record) => match runs.iter_mut().find(|(t, _)| *t == tp) {
+                    Some((_, records)) => records.push(record),
+                    None => runs.push((tp, vec![record])),
+                },
+                KafkaItem::Rebalance(event) => {
+                    for (tp, records) in runs.drain(..) {
+                        self.deliver(tp, records);
+                    }
+                    self.rebalanced(event, ctx);
+                }
+                KafkaItem::Error(err) => warn!(error = %err, "consumer error"),
+            }
+        }
+        for (tp, records) in runs {
+            self.deliver(tp, records);
+        }
+    }
+
+    fn finished(&mut self, _: &mut Context<Self>) {
+        // The stream never ends by itself; it only stops when fetching is cancelled.
+    }
+}
+
+impl Handler<FlowControl> for KafkaSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: FlowControl, _: &mut Context<Self>) {
+        let (tp, epoch, pause) = match msg {
+            FlowControl::Pause { tp, epoch } => (tp, epoch, true),
+            FlowControl::Resume { tp, epoch } => (tp, epoch, false),
+        };
+        if self.current_epoch(&tp) != Some(epoch) {
+            return;
+        }
+        let Some(consumer) = self.consumer() else {
+            return;
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.topic, tp.partition);
+        let result = if pause {
+            consumer.pause(&tpl)
+        } else {
+            consumer.resume(&tpl)
+        };
+        if let Err(err) = result {
+            warn!(%tp, pause, error = %err, "pause/resume failed");
+        }
+    }
+}
+
+impl Handler<CommitOffsets> for KafkaSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: CommitOffsets, _: &mut Context<Self>) {
+        let positions: Vec<CommitPosition> = msg
+            .positions
+            .into_iter()
+            .filter(|position| self.current_epoch(&position.tp) == Some(position.epoch))
+            .collect();
+        if positions.is_empty() {
+            return;
+        }
+        let Some(consumer) = self.consumer() else {
+            return;
+        };
+        if let Err(err) = consumer.commit(&commit_list(&positions), CommitMode::Async) {
+            warn!(error = %err, reason = msg.reason.as_str(), "offset commit request failed");
+        }
+    }
+}
+
+/// Shutdown, step 1: stop fetching and stop the partition actors. Records already handed to
+/// writers keep going; nothing new is dispatched.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopFetching;
+
+impl Handler<StopFetching> for KafkaSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: StopFetching, ctx: &mut Context<Self>) {
+        if let Some(handle) = self.fetching.take() {
+            ctx.cancel_future(handle);
+        }
+        self.stop_partitions();
+        info!("fetching stopped");
+    }
+}
+
+/// Shutdown, step 2: commit the final positions synchronously.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CommitFinal(pub Vec<CommitPosition>);
+
+impl Handler<CommitFinal> for KafkaSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, msg: CommitFinal, _: &mut Context<Self>) {
+        let Some(consumer) = self.consumer.clone() else {
+            return;
+        };
+        let assignment = consumer.assignment().unwrap_or_default();
+        let positions: Vec<CommitPosition> = msg
+            .0
+            .into_iter()
+            .filter(|position| {
+                assignment
+                    .find_partition(&position.tp.topic, position.tp.partition)
+                    .is_some()
+            })
+            .collect();
+        if !positions.is_empty() {
+            info!(positions = positions.len(), "committing final positions");
+            commit_sync(&*consumer, &positions, self.pipeline.stats());
+        }
+    }
+}
+
+/// Shutdown, step 3: leave the group and close the consumer.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CloseConsumer;
+
+impl Handler<CloseConsumer> for KafkaSupervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: CloseConsumer, ctx: &mut Context<Self>) {
+        if let Some(consumer) = self.consumer.take() {
+            consumer.unsubscribe();
+            // Dropping the last handle closes the consumer: it leaves the group (serving the
+            // final revoke, which commits nothing new) before returning.
+            match Arc::try_unwrap(consumer) {
+                Ok(consumer) => drop(consumer),
+                Err(_) => error!("consumer still shared at close; it closes when released"),
+            }
+        }
+        ctx.stop();
+    }
+}

@@ -1,0 +1,126 @@
+//! The rdkafka consumer: its configuration, callbacks, and the stream of records and
+//! rebalance events the Kafka supervisor consumes.
+
+pub mod context;
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, Timestamp};
+use secrecy::ExposeSecret;
+
+pub use context::{RebalanceEvent, SupervisorContext};
+
+use crate::actors::messages::{Record, TopicPartition};
+use crate::config::KafkaSettings;
+
+pub type HistoryConsumer = StreamConsumer<SupervisorContext>;
+
+/// Something the consumer produced, in the order it happened.
+#[derive(Debug)]
+pub enum KafkaItem {
+    Record(TopicPartition, Record),
+    Rebalance(RebalanceEvent),
+    /// A consumer error; librdkafka retries by itself, so these are reported, not fatal.
+    Error(KafkaError),
+}
+
+/// The librdkafka settings of the consumer. Offsets are only ever committed explicitly, and
+/// only positions the OffsetCommitter computed: no auto-commit, no auto offset store.
+pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    let session_timeout = settings.session_timeout_ms;
+    config
+        .set("bootstrap.servers", &settings.brokers)
+        .set("group.id", &settings.group_id)
+        .set("client.id", &settings.client_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        // A group without a committed position starts at the oldest record: a projection
+        // must not skip history.
+        .set("auto.offset.reset", "earliest")
+        .set("enable.partition.eof", "false")
+        .set("session.timeout.ms", session_timeout.to_string())
+        .set(
+            "heartbeat.interval.ms",
+            (session_timeout / 3).clamp(1, 3000).to_string(),
+        )
+        .set(
+            "statistics.interval.ms",
+            settings.statistics_interval_ms.to_string(),
+        )
+        .set(
+            "queued.max.messages.kbytes",
+            settings.fetch_queue_kbytes.to_string(),
+        );
+    for (key, value) in &settings.properties {
+        config.set(key, value.expose_secret());
+    }
+    config
+}
+
+/// Creates the consumer and subscribes it. Configuration errors (an unknown librdkafka property,
+/// a bad value) surface here, at start-up.
+pub fn subscribe(
+    settings: &KafkaSettings,
+    context: SupervisorContext,
+) -> Result<Arc<HistoryConsumer>, KafkaError> {
+    let consumer: HistoryConsumer = consumer_config(settings).create_with_context(context)?;
+    let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    Ok(Arc::new(consumer))
+}
+
+/// The consumer as a stream of items. Rebalance callbacks run while the consumer is polled, so
+/// the events they queue are yielded before the record that poll returned.
+pub fn item_stream(consumer: Arc<HistoryConsumer>) -> impl Stream<Item = KafkaItem> {
+    let known: Vec<TopicPartition> = Vec::new();
+    futures::stream::unfold((consumer, known), |(consumer, mut known)| async move {
+        let received = tokio::select! {
+            biased;
+            _ = consumer.context().notify.notified() => None,
+            received = consumer.recv() => Some(received.map(|message| {
+                let tp = intern(&mut known, message.topic(), message.partition());
+                let record = Record {
+                    offset: message.offset(),
+                    key: message.key().map(<[u8]>::to_vec),
+                    payload: message.payload().map(<[u8]>::to_vec),
+                    timestamp_ms: match message.timestamp() {
+                        Timestamp::NotAvailable => None,
+                        Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
+                    },
+                };
+                (tp, record)
+            })),
+        };
+        let mut items: Vec<KafkaItem> = consumer
+            .context()
+            .take_events()
+            .into_iter()
+            .map(KafkaItem::Rebalance)
+            .collect();
+        match received {
+            Some(Ok((tp, record))) => items.push(KafkaItem::Record(tp, record)),
+            Some(Err(err)) => items.push(KafkaItem::Error(err)),
+            None => {}
+        }
+        Some((futures::stream::iter(items), (consumer, known)))
+    })
+    .flatten()
+}
+
+/// Reuses one `TopicPartition` per partition instead of allocating a topic name per record.
+fn intern(known: &mut Vec<TopicPartition>, topic: &str, partition: i32) -> TopicPartition {
+    if let Some(tp) = known
+        .iter()
+        .find(|tp| tp.partition == partition && &*tp.topic == topic)
+    {
+        return tp.clone();
+    }
+    let tp = TopicPartition::new(topic, partition);
+    known.push(tp.clone());
+    tp
+}

@@ -1,0 +1,175 @@
+//! What the pipeline counts. Every count goes two ways: into Prometheus families prefixed
+//! `history_` (through the `metrics` facade; a no-op until a recorder is installed) and into
+//! in-process atomics that the demo's and the benchmark's reports read.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::actors::messages::TopicPartition;
+
+pub const EVENTS_TOTAL: &str = "history_events_total";
+pub const DEAD_LETTERS_TOTAL: &str = "history_dead_letters_total";
+pub const CONFLICTING_DUPLICATES_TOTAL: &str = "history_conflicting_duplicates_total";
+pub const RECORDS_FETCHED_TOTAL: &str = "history_records_fetched_total";
+pub const TRANSACTION_SECONDS: &str = "history_transaction_seconds";
+pub const BATCH_EVENTS: &str = "history_batch_events";
+pub const RETRIES_TOTAL: &str = "history_retries_total";
+pub const REBALANCES_TOTAL: &str = "history_rebalances_total";
+pub const COMMITS_TOTAL: &str = "history_offset_commits_total";
+pub const COMMITTED_OFFSET: &str = "history_committed_offset";
+pub const CONSUMER_LAG: &str = "history_consumer_lag";
+pub const IN_FLIGHT: &str = "history_in_flight";
+pub const ASSIGNED_PARTITIONS: &str = "history_assigned_partitions";
+
+/// Outcome classes, as the `outcome` label of `history_events_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeClass {
+    Applied,
+    AlreadyApplied,
+    Unknown,
+    DeadLetter,
+}
+
+impl OutcomeClass {
+    pub fn label(self) -> &'static str {
+        match self {
+            OutcomeClass::Applied => "applied",
+            OutcomeClass::AlreadyApplied => "already_applied",
+            OutcomeClass::Unknown => "unknown",
+            OutcomeClass::DeadLetter => "dead_letter",
+        }
+    }
+}
+
+/// Process-wide counters, shared by the actors.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub applied: AtomicU64,
+    pub already_applied: AtomicU64,
+    pub unknown: AtomicU64,
+    pub dead_lettered: AtomicU64,
+    pub conflicting_duplicates: AtomicU64,
+    pub records_fetched: AtomicU64,
+    pub retries: AtomicU64,
+    pub rebalances: AtomicU64,
+    pub commits: AtomicU64,
+    /// When the first record was fetched: throughput is measured from here.
+    pub first_fetch: std::sync::OnceLock<std::time::Instant>,
+}
+
+/// A copy of the counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub applied: u64,
+    pub already_applied: u64,
+    pub unknown: u64,
+    pub dead_lettered: u64,
+    pub conflicting_duplicates: u64,
+    pub records_fetched: u64,
+    pub retries: u64,
+    pub rebalances: u64,
+    pub commits: u64,
+}
+
+impl StatsSnapshot {
+    /// Records whose offset is resolved.
+    pub fn resolved(&self) -> u64 {
+        self.applied + self.already_applied + self.dead_lettered
+    }
+}
+
+impl Stats {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Stats::default())
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        StatsSnapshot {
+            applied: get(&self.applied),
+            already_applied: get(&self.already_applied),
+            unknown: get(&self.unknown),
+            dead_lettered: get(&self.dead_lettered),
+            conflicting_duplicates: get(&self.conflicting_duplicates),
+            records_fetched: get(&self.records_fetched),
+            retries: get(&self.retries),
+            rebalances: get(&self.rebalances),
+            commits: get(&self.commits),
+        }
+    }
+
+    pub fn outcomes(&self, class: OutcomeClass, count: u64) {
+        if count == 0 {
+            return;
+        }
+        let counter = match class {
+            OutcomeClass::Applied => &self.applied,
+            OutcomeClass::AlreadyApplied => &self.already_applied,
+            OutcomeClass::Unknown => &self.unknown,
+            OutcomeClass::DeadLetter => &self.dead_lettered,
+        };
+        counter.fetch_add(count, Ordering::Relaxed);
+        metrics::counter!(EVENTS_TOTAL, "outcome" => class.label()).increment(count);
+    }
+
+    pub fn dead_letter_reason(&self, reason_code: &'static str) {
+        metrics::counter!(DEAD_LETTERS_TOTAL, "reason" => reason_code).increment(1);
+    }
+
+    pub fn conflicting_duplicate(&self) {
+        self.conflicting_duplicates.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(CONFLICTING_DUPLICATES_TOTAL).increment(1);
+    }
+
+    pub fn records_fetched(&self, count: u64) {
+        self.first_fetch.get_or_init(std::time::Instant::now);
+        self.records_fetched.fetch_add(count, Ordering::Relaxed);
+        metrics::counter!(RECORDS_FETCHED_TOTAL).increment(count);
+    }
+
+    pub fn transaction(&self, elapsed: Duration, events: usize) {
+        metrics::histogram!(TRANSACTION_SECONDS).record(elapsed.as_secs_f64());
+        metrics::histogram!(BATCH_EVENTS).record(events as f64);
+    }
+
+    pub fn retry(&self) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(RETRIES_TOTAL).increment(1);
+    }
+
+    pub fn rebalance(&self, kind: &'static str) {
+        self.rebalances.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(REBALANCES_TOTAL, "kind" => kind).increment(1);
+    }
+
+    pub fn commit(&self, mode: &'static str, result: &'static str) {
+        if result == "ok" {
+            self.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        metrics::counter!(COMMITS_TOTAL, "mode" => mode, "result" => result).increment(1);
+    }
+}
+
+fn partition_labels(tp: &TopicPartition) -> [(&'static str, String); 2] {
+    [
+        ("topic", tp.topic.to_string()),
+        ("partition", tp.partition.to_string()),
+    ]
+}
+
+pub fn set_committed_offset(tp: &TopicPartition, offset: i64) {
+    metrics::gauge!(COMMITTED_OFFSET, &partition_labels(tp)).set(offset as f64);
+}
+
+pub fn set_consumer_lag(tp: &TopicPartition, lag: i64) {
+    metrics::gauge!(CONSUMER_LAG, &partition_labels(tp)).set(lag as f64);
+}
+
+pub fn set_in_flight(tp: &TopicPartition, len: usize) {
+    metrics::gauge!(IN_FLIGHT, &partition_labels(tp)).set(len as f64);
+}
+
+pub fn set_assigned_partitions(count: usize) {
+    metrics::gauge!(ASSIGNED_PARTITIONS).set(count as f64);
+}

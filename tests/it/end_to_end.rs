@@ -1,0 +1,348 @@
+//! End to end: the real service against librdkafka's mock cluster (a Kafka-protocol broker over
+//! TCP), real producers, and PostgreSQL. Positions are read by a separate client.
+
+use std::io::{BufRead, BufReader, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use history_service::dev::broker::EmbeddedBroker;
+use history_service::dev::group::GroupInspector;
+use history_service::dev::workload::{self, WorkloadSpec};
+
+use crate::common::{Child, TestDb, free_port, service_env, test_settings};
+
+const TOPIC: &str = "tickets.status.v1";
+
+/// Waits until the group's committed offsets equal `ends`; returns them.
+async fn committed_to_end(
+    brokers: &str,
+    group: &str,
+    ends: &[i64],
+    timeout: Duration,
+) -> Vec<Option<i64>> {
+    let inspector = Arc::new(GroupInspector::new(brokers, group).unwrap());
+    let deadline = Instant::now() + timeout;
+    let partitions = ends.len() as i32;
+    loop {
+        let inspector = inspector.clone();
+        let committed = tokio::task::spawn_blocking(move || {
+            inspector.committed(TOPIC, partitions, Duration::from_secs(2))
+        })
+        .await
+        .unwrap();
+        if let Ok(committed) = &committed {
+            let expected: Vec<Option<i64>> =
+                ends.iter().map(|&end| (end > 0).then_some(end)).collect();
+            if *committed == expected {
+                return committed.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {group} not committed to {ends:?} within {timeout:?}: {committed:?}"
+        );
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn ends_of(delivered: &[workload::Delivered], partitions: i32) -> Vec<i64> {
+    (0..partitions)
+        .map(|p| {
+            delivered
+                .iter()
+                .filter(|d| d.partition == p)
+                .map(|d| d.offset + 1)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+async fn produce(brokers: &str, records: Vec<workload::PlannedRecord>) -> Vec<workload::Delivered> {
+    let brokers = brokers.to_owned();
+    tokio::task::spawn_blocking(move || workload::produce(&brokers, TOPIC, &records))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[actix_rt::test]
+async fn the_service_records_the_seed_scenario_and_commits_the_group_to_the_end() {
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 3).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let delivered = produce(&brokers, workload::seed_records()).await;
+    assert!(
+        delivered
+            .iter()
+            .all(|d| d.partition == delivered[0].partition),
+        "one key, one partition"
+    );
+    let ends = ends_of(&delivered, 3);
+
+    let settings = test_settings(&db.url(), &brokers, "history-e2e", TOPIC);
+    let shutdown = {
+        let brokers = brokers.clone();
+        let ends = ends.clone();
+        async move {
+            committed_to_end(&brokers, "history-e2e", &ends, Duration::from_secs(30)).await;
+        }
+    };
+    let report = history_service::app::run(&settings, shutdown)
+        .await
+        .unwrap();
+
+    assert_eq!(db.count("inbox").await, 2);
+    assert_eq!(db.count("history_events").await, 2);
+    assert_eq!((report.stats.applied, report.stats.already_applied), (2, 1));
+    let committed = committed_to_end(&brokers, "history-e2e", &ends, Duration::from_secs(5)).await;
+    assert_eq!(committed[delivered[0].partition as usize], Some(3));
+}
+
+#[actix_rt::test]
+async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_duplicate() {
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 2).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let records = workload::generate(&WorkloadSpec {
+        records: 300,
+        duplicates: 0.1,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: "crash".into(),
+        tickets: 20,
+        max_payload_bytes: 65536,
+        seed: 11,
+    });
+    let distinct: std::collections::HashSet<String> = records
+        .iter()
+        .filter_map(|r| match &r.kind {
+            workload::RecordKind::Event { event_id } => Some(event_id.clone()),
+            _ => None,
+        })
+        .collect();
+    let delivered = produce(&brokers, records.clone()).await;
+    let ends = ends_of(&delivered, 2);
+    let mut env = service_env(&db.url(), &brokers, "history-crash", TOPIC);
+
+    // First run: commits nothing (the periodic commit is an hour away), and is killed once the
+    // rows are in the database: a crash after the DB commit, before the offset commit.
+    env.push((
+        "HISTORY__PIPELINE__COMMIT_INTERVAL_MS".into(),
+        "3600000".into(),
+    ));
+    let mut first = Child::spawn(&["run"], &env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.count("history_events").await < distinct.len() as i64 {
+        assert!(
+            Instant::now() < deadline,
+            "first run stalled:\n{}",
+            first.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.signal(libc::SIGKILL);
+    assert_eq!(
+        first.wait(Duration::from_secs(10)),
+        None,
+        "killed by the signal"
+    );
+    let inspector = GroupInspector::new(&brokers, "history-crash").unwrap();
+    assert_eq!(
+        inspector
+            .committed(TOPIC, 2, Duration::from_secs(5))
+            .unwrap(),
+        vec![None, None],
+        "nothing committed before the crash"
+    );
+
+    // Second run: re-reads everything, finds every event already applied.
+    env.pop();
+    let port = free_port();
+    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
+    env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
+    let mut second = Child::spawn(&["run"], &env);
+    committed_to_end(&brokers, "history-crash", &ends, Duration::from_secs(60)).await;
+    let metrics = scrape(port).await;
+    assert_eq!(db.count("history_events").await, distinct.len() as i64);
+    assert_eq!(db.count("inbox").await, distinct.len() as i64);
+    assert_eq!(
+        metric(&metrics, "history_events_total{outcome=\"applied\"}"),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "history_events_total{outcome=\"already_applied\"}"
+        ),
+        records.len() as f64
+    );
+    second.signal(libc::SIGTERM);
+    assert_eq!(
+        second.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        second.logs()
+    );
+}
+
+#[actix_rt::test]
+async fn run_against_dev_kafka_consumes_what_kcat_produced_and_stops_cleanly_on_sigterm() {
+    let db = TestDb::migrated().await;
+    let mut kafka = Child::spawn(&["dev-kafka", "--partitions", "2"], &[]);
+    let mut stdout = BufReader::new(kafka.process.stdout.take().unwrap());
+    let mut first_line = String::new();
+    stdout.read_line(&mut first_line).unwrap();
+    let brokers = first_line
+        .trim()
+        .strip_prefix("bootstrap.servers=")
+        .unwrap_or_else(|| panic!("first line was {first_line:?}"))
+        .to_owned();
+
+    let payloads: Vec<String> = workload::seed_records()
+        .into_iter()
+        .map(|r| String::from_utf8(r.payload.unwrap()).unwrap())
+        .chain((0..50).map(|n| {
+            String::from_utf8(workload::event_payload(
+                &format!("kcat-{n}"),
+                &format!("ticket-{}", n % 5),
+                "open",
+                "closed",
+                chrono::Utc::now(),
+            ))
+            .unwrap()
+        }))
+        .collect();
+    let mut kcat = std::process::Command::new("kcat")
+        .args(["-P", "-b", &brokers, "-t", TOPIC, "-K", "|"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("kcat is installed (apt-get install kcat; .ci/run installs it)");
+    {
+        let stdin = kcat.stdin.as_mut().unwrap();
+        for payload in &payloads {
+            let key = if payload.contains("ticket-42") {
+                "ticket-42"
+            } else {
+                "k"
+            };
+            writeln!(stdin, "{key}|{payload}").unwrap();
+        }
+    }
+    assert!(kcat.wait().unwrap().success());
+
+    let inspector = GroupInspector::new(&brokers, "history-kcat").unwrap();
+    let ends = inspector.ends(TOPIC, 2, Duration::from_secs(5)).unwrap();
+    assert_eq!(ends.iter().sum::<i64>(), payloads.len() as i64);
+
+    let mut service = Child::spawn(
+        &["run"],
+        &service_env(&db.url(), &brokers, "history-kcat", TOPIC),
+    );
+    committed_to_end(&brokers, "history-kcat", &ends, Duration::from_secs(60)).await;
+    assert_eq!(
+        db.count("history_events").await,
+        52,
+        "900, 901 and fifty more"
+    );
+    service.signal(libc::SIGTERM);
+    assert_eq!(
+        service.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        service.logs()
+    );
+    assert!(
+        service.logs().contains("history-service stopped"),
+        "{}",
+        service.logs()
+    );
+
+    kafka.signal(libc::SIGTERM);
+    assert_eq!(kafka.wait(Duration::from_secs(10)), Some(0));
+}
+
+#[test]
+fn the_demo_runs_on_a_fresh_database_and_reports_success() {
+    let runtime = actix_rt::System::new();
+    let db = runtime.block_on(TestDb::create());
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+        .args(["demo", "--events", "3000", "--partitions", "2"])
+        .env("HISTORY__DATABASE__URL", db.url())
+        .env("HISTORY__HTTP__LISTEN", "127.0.0.1:0")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("OK: every event recorded once"), "{stdout}");
+    assert!(stdout.contains("applied"), "{stdout}");
+    assert!(stdout.contains("committed"), "{stdout}");
+}
+
+#[test]
+fn the_demo_starts_a_throwaway_postgres_when_none_answers() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+        .args(["demo", "--events", "500", "--partitions", "1"])
+        .env(
+            "HISTORY__DATABASE__URL",
+            "postgres://postgres@127.0.0.1:1/history",
+        )
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("throwaway cluster"), "{stderr}");
+    assert!(stdout.contains("OK: every event recorded once"), "{stdout}");
+}
+
+async fn scrape(port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+            .await
+            .unwrap()
+        {
+            Ok((200, body)) => return body,
+            other => assert!(Instant::now() < deadline, "scrape failed: {other:?}"),
+        }
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A minimal HTTP/1.0 GET, enough for our own endpoints.
+pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// The value of one sample line of a Prometheus text exposition (0 if absent).
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok())?
+        })
+        .unwrap_or(0.0)
+}

@@ -1,0 +1,166 @@
+//! A mock Kafka supervisor: stands where the real one does, injects records at any offsets, in
+//! any order, on any partitions, and records every commit and flow-control request it gets.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use history_service::actors::Pipeline;
+use history_service::actors::messages::{
+    CommitOffsets, CommitPosition, Epoch, FlowControl, InspectWindows, Record, Records, Revoke,
+    StopPartition, TopicPartition, WindowSnapshot,
+};
+use history_service::actors::partition::PartitionActor;
+
+/// What the mock was asked to do.
+#[derive(Default, Debug)]
+pub struct MockLog {
+    pub commits: Vec<CommitPosition>,
+    pub flow: Vec<FlowControl>,
+}
+
+pub struct MockKafka {
+    pipeline: Pipeline,
+    partitions: HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
+    log: Arc<Mutex<MockLog>>,
+}
+
+impl Actor for MockKafka {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Assign(pub TopicPartition, pub Epoch);
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Inject(pub TopicPartition, pub Vec<Record>);
+
+#[derive(Message)]
+#[rtype(result = "Vec<CommitPosition>")]
+pub struct RevokePartition(pub TopicPartition);
+
+impl Handler<Assign> for MockKafka {
+    type Result = ();
+    fn handle(&mut self, msg: Assign, ctx: &mut Context<Self>) {
+        let actor = self
+            .pipeline
+            .start_partition(msg.0.clone(), msg.1, ctx.address().recipient());
+        if let Some((_, old)) = self.partitions.insert(msg.0, (msg.1, actor)) {
+            old.do_send(StopPartition);
+        }
+    }
+}
+
+impl Handler<Inject> for MockKafka {
+    type Result = ();
+    fn handle(&mut self, msg: Inject, _: &mut Context<Self>) {
+        let (_, actor) = &self.partitions[&msg.0];
+        actor.do_send(Records(msg.1));
+    }
+}
+
+impl Handler<RevokePartition> for MockKafka {
+    type Result = ResponseFuture<Vec<CommitPosition>>;
+    fn handle(&mut self, msg: RevokePartition, _: &mut Context<Self>) -> Self::Result {
+        let (epoch, actor) = self.partitions.remove(&msg.0).expect("assigned");
+        actor.do_send(StopPartition);
+        let committer = self.pipeline.committer().clone();
+        Box::pin(async move {
+            committer
+                .send(Revoke {
+                    partitions: vec![(msg.0, epoch)],
+                    reply: None,
+                })
+                .await
+                .unwrap()
+        })
+    }
+}
+
+impl Handler<CommitOffsets> for MockKafka {
+    type Result = ();
+    fn handle(&mut self, msg: CommitOffsets, _: &mut Context<Self>) {
+        self.log.lock().unwrap().commits.extend(msg.positions);
+    }
+}
+
+impl Handler<FlowControl> for MockKafka {
+    type Result = ();
+    fn handle(&mut self, msg: FlowControl, _: &mut Context<Self>) {
+        self.log.lock().unwrap().flow.push(msg);
+    }
+}
+
+/// The pipeline with a mock supervisor attached.
+pub struct Harness {
+    pub pipeline: Pipeline,
+    pub kafka: Addr<MockKafka>,
+    pub log: Arc<Mutex<MockLog>>,
+}
+
+impl Harness {
+    pub fn start(pipeline: Pipeline) -> Harness {
+        let log = Arc::new(Mutex::new(MockLog::default()));
+        let kafka = MockKafka {
+            pipeline: pipeline.clone(),
+            partitions: HashMap::new(),
+            log: log.clone(),
+        }
+        .start();
+        pipeline.attach_kafka(kafka.clone().recipient());
+        Harness {
+            pipeline,
+            kafka,
+            log,
+        }
+    }
+
+    pub async fn assign(&self, tp: &TopicPartition, epoch: Epoch) {
+        self.kafka.send(Assign(tp.clone(), epoch)).await.unwrap();
+    }
+
+    pub async fn inject(&self, tp: &TopicPartition, records: Vec<Record>) {
+        self.kafka.send(Inject(tp.clone(), records)).await.unwrap();
+    }
+
+    pub async fn windows(&self) -> Vec<WindowSnapshot> {
+        self.pipeline
+            .committer()
+            .send(InspectWindows)
+            .await
+            .unwrap()
+    }
+
+    /// The highest position committed so far for a partition.
+    pub fn committed(&self, tp: &TopicPartition) -> Option<i64> {
+        self.log
+            .lock()
+            .unwrap()
+            .commits
+            .iter()
+            .filter(|c| &c.tp == tp)
+            .map(|c| c.offset)
+            .max()
+    }
+
+    /// Waits until the committed position of `tp` reaches `offset`.
+    pub async fn wait_committed(&self, tp: &TopicPartition, offset: i64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.committed(tp) != Some(offset) {
+            assert!(
+                Instant::now() < deadline,
+                "{tp} not committed to {offset} within {timeout:?}: committed {:?}, windows {:?}",
+                self.committed(tp),
+                self.windows().await
+            );
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn stop(&self) {
+        self.pipeline.stop();
+    }
+}
