@@ -16,16 +16,19 @@ use crate::actors::Pipeline;
 use crate::actors::supervisor::{CloseConsumer, CommitFinal, KafkaSupervisor, StopFetching};
 use crate::config::{ConfigError, Settings};
 use crate::http::{self, Health};
+use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::kafka::{self, SupervisorContext};
 use crate::metrics::{Stats, StatsSnapshot};
-use crate::store::{self, StoreError, migrate};
+use crate::store::{Database, StoreError, migrate};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("kafka consumer: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error(transparent)]
+    Kafka(#[from] crate::kafka::KafkaSetupError),
+    #[error("kafka producer: {0}")]
+    Producer(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot serve http on {addr}: {source}")]
@@ -65,9 +68,9 @@ pub async fn run_with(
     handles: RunHandles,
 ) -> Result<RunReport, ServiceError> {
     let mut shutdown = std::pin::pin!(shutdown);
-    let postgres = settings.database.postgres_config()?;
+    let database = Database::from_settings(&settings.database)?;
     info!(
-        database = %settings.database.display_target(),
+        database = %database.target(),
         brokers = %settings.kafka.brokers,
         group = %settings.kafka.group_id,
         topics = ?settings.kafka.topics,
@@ -77,7 +80,7 @@ pub async fn run_with(
 
     if settings.database.migrate_on_start {
         let migrated = tokio::select! {
-            result = migrate_until_done(&postgres, settings) => Some(result),
+            result = migrate_until_done(&database, settings) => Some(result),
             _ = &mut shutdown => None,
         };
         match migrated {
@@ -90,14 +93,20 @@ pub async fn run_with(
         }
     }
 
-    let pool = store::connect_pool(
-        postgres,
+    let pool = database.pool(
         settings.database.pool_size,
         settings.database.connect_timeout(),
     );
     let stats = Stats::new();
     let _ = handles.stats.set(stats.clone());
-    let pipeline = Pipeline::start(&settings.pipeline, pool.clone(), stats.clone());
+    let publisher = if settings.dead_letter.topic.is_empty() {
+        None
+    } else {
+        let publisher = DeadLetterPublisher::new(&settings.kafka, &settings.dead_letter.topic)?;
+        info!(topic = %settings.dead_letter.topic, "dead letters are also published to a topic");
+        Some(Arc::new(publisher))
+    };
+    let pipeline = Pipeline::start_with(&settings.pipeline, pool.clone(), stats.clone(), publisher);
     let joined = Arc::new(AtomicBool::new(false));
     let context = SupervisorContext::new(
         pipeline.committer().clone(),
@@ -154,14 +163,11 @@ pub async fn run_with(
 }
 
 /// Applies migrations, retrying while the database does not answer (it may start after us).
-async fn migrate_until_done(
-    postgres: &tokio_postgres::Config,
-    settings: &Settings,
-) -> Result<(), ServiceError> {
+async fn migrate_until_done(database: &Database, settings: &Settings) -> Result<(), ServiceError> {
     let mut delay = settings.pipeline.retry_initial();
     loop {
         let attempt = async {
-            let mut client = migrate::connect(postgres).await?;
+            let mut client = database.connect().await?;
             migrate::run_migrations(&mut client).await
         };
         match attempt.await {
@@ -173,7 +179,7 @@ async fn migrate_until_done(
                 warn!(
                     error = %err,
                     retry_in_ms = delay.as_millis() as u64,
-                    database = %settings.database.display_target(),
+                    database = %database.target(),
                     "database not reachable for migrations; retrying"
                 );
                 actix_rt::time::sleep(delay).await;

@@ -7,7 +7,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
-use crate::store::{migrate, verify};
+use crate::store::dead_letters::{self, DeadLetterFilter};
+use crate::store::{Database, migrate, verify};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,11 +44,84 @@ pub enum Command {
     /// Run an embedded Kafka-protocol broker (librdkafka's mock cluster) for local development.
     /// Prints `bootstrap.servers=HOST:PORT` as its first line; runs until SIGINT or SIGTERM.
     DevKafka(DevKafkaArgs),
+    /// Inspect and replay dead letters: records that could not be decoded.
+    #[command(subcommand)]
+    DeadLetters(DeadLettersCommand),
     /// Apply pending database migrations, then exit. Safe to run from several replicas at once.
     Migrate(MigrateArgs),
     /// Check the database's invariants: every inbox marker has its history row and every row
     /// its marker. Exits 0 if they hold, 1 naming the offending event_ids if not, 2 on error.
     Verify(VerifyArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadLettersCommand {
+    /// List dead letters (not yet replayed, unless --include-replayed), with counts by reason.
+    List {
+        #[command(flatten)]
+        filter: DeadLetterSelection,
+        /// Also print each payload (escaped, first 200 bytes).
+        #[arg(long)]
+        payload: bool,
+    },
+    /// Republish dead letters' original key and payload to a topic (by default the one they
+    /// came from) and mark them replayed. Replay after fixing the cause: a record that still
+    /// cannot be decoded is dead-lettered again, at its new offset.
+    Replay {
+        #[command(flatten)]
+        filter: DeadLetterSelection,
+        /// Publish to this topic instead of the original one.
+        #[arg(long, value_name = "TOPIC")]
+        to_topic: Option<String>,
+        /// Replay every selected letter even when no filter narrows the selection.
+        #[arg(long)]
+        all: bool,
+        /// Show what would be replayed, publish nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DeadLetterSelection {
+    /// Only letters from this topic.
+    #[arg(long)]
+    pub topic: Option<String>,
+    /// Only letters from this partition.
+    #[arg(long)]
+    pub partition: Option<i32>,
+    /// Only the letter at this offset.
+    #[arg(long)]
+    pub offset: Option<i64>,
+    /// Only letters with this reason code (not_json, missing_field, bad_timestamp, ...).
+    #[arg(long, value_name = "CODE")]
+    pub reason: Option<String>,
+    /// Include letters already replayed.
+    #[arg(long)]
+    pub include_replayed: bool,
+    /// Most letters selected.
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
+}
+
+impl DeadLetterSelection {
+    fn filter(&self) -> DeadLetterFilter {
+        DeadLetterFilter {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            offset: self.offset,
+            reason_code: self.reason.clone(),
+            include_replayed: self.include_replayed,
+            limit: self.limit,
+        }
+    }
+
+    fn narrows(&self) -> bool {
+        self.topic.is_some()
+            || self.partition.is_some()
+            || self.offset.is_some()
+            || self.reason.is_some()
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -124,6 +198,7 @@ pub fn main() -> ExitCode {
             .await?;
             Ok(ExitCode::SUCCESS)
         }),
+        Command::DeadLetters(command) => runtime.block_on(run_dead_letters(&settings, &command)),
         Command::Migrate(args) => runtime.block_on(run_migrate(&settings, &args)),
         Command::Verify(args) => runtime.block_on(run_verify(&settings, &args)),
     };
@@ -164,13 +239,121 @@ async fn run_demo(settings: &Settings, args: &DemoArgs) -> anyhow::Result<ExitCo
     }
 }
 
+async fn run_dead_letters(
+    settings: &Settings,
+    command: &DeadLettersCommand,
+) -> anyhow::Result<ExitCode> {
+    let database = Database::from_settings(&settings.database)?;
+    let client = database
+        .connect()
+        .await
+        .with_context(|| format!("failed to connect to {}", database.target()))?;
+    match command {
+        DeadLettersCommand::List { filter, payload } => {
+            let letters = dead_letters::list(&client, &filter.filter()).await?;
+            println!(
+                "{:<24} {:>9} {:>10}  {:<18} {:<20} {:<20} REASON",
+                "TOPIC", "PARTITION", "OFFSET", "CODE", "FIRST SEEN", "REPLAYED"
+            );
+            for letter in &letters {
+                println!(
+                    "{:<24} {:>9} {:>10}  {:<18} {:<20} {:<20} {}",
+                    letter.topic,
+                    letter.partition,
+                    letter.offset,
+                    letter.reason_code,
+                    letter.first_seen.format("%Y-%m-%d %H:%M:%S"),
+                    letter.replayed_at.map_or("-".to_owned(), |at| at
+                        .format("%Y-%m-%d %H:%M:%S")
+                        .to_string()),
+                    letter.reason
+                );
+                if *payload {
+                    println!("    payload: {}", preview(letter.payload.as_deref()));
+                }
+            }
+            let counts = dead_letters::count_by_reason(&client).await?;
+            let summary: Vec<String> = counts
+                .iter()
+                .map(|(code, count)| format!("{code}={count}"))
+                .collect();
+            println!(
+                "{} shown; all dead letters by reason: {}",
+                letters.len(),
+                if summary.is_empty() {
+                    "none".to_owned()
+                } else {
+                    summary.join(" ")
+                }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        DeadLettersCommand::Replay {
+            filter,
+            to_topic,
+            all,
+            dry_run,
+        } => {
+            if !filter.narrows() && !all {
+                anyhow::bail!(
+                    "replay needs a selection (--topic, --partition, --offset, --reason) or --all"
+                );
+            }
+            let letters = dead_letters::list(&client, &filter.filter()).await?;
+            let replayer = if *dry_run {
+                None
+            } else {
+                Some(crate::kafka::replay::Replayer::new(&settings.kafka)?)
+            };
+            for letter in &letters {
+                let target = to_topic.as_deref().unwrap_or(&letter.topic);
+                let origin = format!("{}/{}/{}", letter.topic, letter.partition, letter.offset);
+                match &replayer {
+                    None => println!("would replay {origin} to {target}"),
+                    Some(replayer) => {
+                        let (partition, offset) = replayer
+                            .replay(letter, to_topic.as_deref())
+                            .await
+                            .with_context(|| format!("failed to replay {origin}"))?;
+                        dead_letters::mark_replayed(&client, letter).await?;
+                        println!("replayed {origin} to {target}/{partition}/{offset}");
+                    }
+                }
+            }
+            println!(
+                "{} {} dead letters",
+                if *dry_run { "would replay" } else { "replayed" },
+                letters.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// A payload for a terminal: escaped, at most 200 bytes.
+fn preview(payload: Option<&[u8]>) -> String {
+    match payload {
+        None => "(null: tombstone)".to_owned(),
+        Some(bytes) => {
+            let shown = &bytes[..bytes.len().min(200)];
+            let text: String = shown.escape_ascii().to_string();
+            if bytes.len() > shown.len() {
+                format!("{text}... ({} bytes)", bytes.len())
+            } else {
+                text
+            }
+        }
+    }
+}
+
 async fn run_migrate(settings: &Settings, args: &MigrateArgs) -> anyhow::Result<ExitCode> {
-    let config = settings.database.postgres_config()?;
-    let target = settings.database.display_target();
-    if args.create_database && migrate::create_database_if_missing(&config).await? {
+    let database = Database::from_settings(&settings.database)?;
+    let target = database.target();
+    if args.create_database && migrate::create_database_if_missing(&database).await? {
         println!("created database {target}");
     }
-    let mut client = migrate::connect(&config)
+    let mut client = database
+        .connect()
         .await
         .with_context(|| format!("failed to connect to {target}"))?;
     let report = migrate::run_migrations(&mut client)
@@ -189,9 +372,10 @@ async fn run_migrate(settings: &Settings, args: &MigrateArgs) -> anyhow::Result<
 }
 
 async fn run_verify(settings: &Settings, args: &VerifyArgs) -> anyhow::Result<ExitCode> {
-    let config = settings.database.postgres_config()?;
-    let target = settings.database.display_target();
-    let client = migrate::connect(&config)
+    let database = Database::from_settings(&settings.database)?;
+    let target = database.target();
+    let client = database
+        .connect()
         .await
         .with_context(|| format!("failed to connect to {target}"))?;
     let report = verify::verify(&client, args.limit)

@@ -45,6 +45,14 @@ pub struct Settings {
     pub pipeline: PipelineSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    pub dead_letter: DeadLetterSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSettings {
+    /// Kafka topic each dead letter is also published to; empty for none.
+    pub topic: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -53,6 +61,7 @@ pub struct DatabaseSettings {
     pub url: SecretString,
     pub password: SecretString,
     pub password_file: String,
+    pub tls_ca_file: String,
     pub pool_size: u32,
     pub connect_timeout_ms: u64,
     pub migrate_on_start: bool,
@@ -72,6 +81,9 @@ pub struct KafkaSettings {
     /// librdkafka properties passed through verbatim; values may be secrets.
     #[serde(default)]
     pub properties: BTreeMap<String, SecretString>,
+    /// librdkafka properties whose values are read from files.
+    #[serde(default)]
+    pub property_files: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -148,6 +160,12 @@ impl Settings {
             .try_deserialize()
             .map_err(|err| ConfigError::Load(err.to_string()))?;
         settings.kafka.properties = normalize_properties(settings.kafka.properties);
+        settings.kafka.property_files = settings
+            .kafka
+            .property_files
+            .into_iter()
+            .map(|(key, path)| (key.replace('_', "."), path))
+            .collect();
         settings.validate()?;
         Ok(settings)
     }
@@ -192,6 +210,7 @@ impl Settings {
         positive("kafka.session_timeout_ms", kafka.session_timeout_ms)?;
         positive("kafka.revoke_timeout_ms", kafka.revoke_timeout_ms)?;
         positive("kafka.fetch_queue_kbytes", kafka.fetch_queue_kbytes)?;
+        kafka.librdkafka_properties()?;
 
         let pipeline = &self.pipeline;
         in_range("pipeline.writers", pipeline.writers, 1, 256)?;
@@ -326,6 +345,24 @@ pub fn describe_target(config: &tokio_postgres::Config) -> String {
 }
 
 impl KafkaSettings {
+    /// The pass-through librdkafka properties, with those kept in files read in.
+    pub fn librdkafka_properties(&self) -> Result<BTreeMap<String, SecretString>, ConfigError> {
+        let mut properties = self.properties.clone();
+        for (key, path) in &self.property_files {
+            let value = std::fs::read_to_string(path).map_err(|err| {
+                ConfigError::invalid(
+                    "kafka.property_files",
+                    format!("cannot read {path} for `{key}`: {err}"),
+                )
+            })?;
+            properties.insert(
+                key.clone(),
+                SecretString::from(value.trim_end_matches(['\r', '\n']).to_owned()),
+            );
+        }
+        Ok(properties)
+    }
+
     pub fn session_timeout(&self) -> Duration {
         Duration::from_millis(self.session_timeout_ms)
     }

@@ -11,6 +11,7 @@ use crate::actors::messages::TopicPartition;
 pub const EVENTS_TOTAL: &str = "history_events_total";
 pub const DEAD_LETTERS_TOTAL: &str = "history_dead_letters_total";
 pub const CONFLICTING_DUPLICATES_TOTAL: &str = "history_conflicting_duplicates_total";
+pub const DEAD_LETTER_CONFLICTS_TOTAL: &str = "history_dead_letter_conflicts_total";
 pub const RECORDS_FETCHED_TOTAL: &str = "history_records_fetched_total";
 pub const TRANSACTION_SECONDS: &str = "history_transaction_seconds";
 pub const BATCH_EVENTS: &str = "history_batch_events";
@@ -122,6 +123,10 @@ impl Stats {
         metrics::counter!(CONFLICTING_DUPLICATES_TOTAL).increment(1);
     }
 
+    pub fn dead_letter_conflict(&self) {
+        metrics::counter!(DEAD_LETTER_CONFLICTS_TOTAL).increment(1);
+    }
+
     pub fn records_fetched(&self, count: u64) {
         self.first_fetch.get_or_init(std::time::Instant::now);
         self.records_fetched.fetch_add(count, Ordering::Relaxed);
@@ -143,11 +148,11 @@ impl Stats {
         metrics::counter!(REBALANCES_TOTAL, "kind" => kind).increment(1);
     }
 
-    pub fn commit(&self, mode: &'static str, result: &'static str) {
+    pub fn commit(&self, reason: &'static str, result: &'static str) {
         if result == "ok" {
             self.commits.fetch_add(1, Ordering::Relaxed);
         }
-        metrics::counter!(COMMITS_TOTAL, "mode" => mode, "result" => result).increment(1);
+        metrics::counter!(COMMITS_TOTAL, "reason" => reason, "result" => result).increment(1);
     }
 }
 

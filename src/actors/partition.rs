@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use actix::prelude::*;
-use tracing::{debug, warn};
+use tracing::{debug, debug_span, warn};
 
 use super::messages::{
     Epoch, FlowControl, Records, StopPartition, TopicPartition, Track, TrackReply, WindowState,
@@ -56,11 +56,23 @@ impl PartitionActor {
 
     fn decode(&self, record: super::messages::Record) -> WriteJob {
         let max_payload = self.pipeline.settings().max_payload_bytes;
+        // Cheap when debug is off; with it on, every line logged about the record carries its
+        // partition, offset and event_id. Warnings name them themselves.
+        let span = debug_span!(
+            "record",
+            partition = %self.tp,
+            offset = record.offset,
+            event_id = tracing::field::Empty
+        );
+        let _entered = span.enter();
         let work = match HistoryEvent::decode(record.payload.as_deref(), max_payload) {
-            Ok(event) => Work::Event(event),
+            Ok(event) => {
+                span.record("event_id", event.event_id.as_str());
+                Work::Event(event)
+            }
             Err(error) => {
                 warn!(
-                    tp = %self.tp,
+                    partition = %self.tp,
                     offset = record.offset,
                     reason = error.code(),
                     %error,

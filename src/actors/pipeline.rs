@@ -16,6 +16,7 @@ use super::messages::{
 use super::partition::PartitionActor;
 use super::writer::{DbWriter, WriterSettings};
 use crate::config::PipelineSettings;
+use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::metrics::Stats;
 use crate::store::{PgHistoryRepository, PgPool};
 
@@ -40,6 +41,16 @@ impl Pipeline {
     /// Starts the committer on the current arbiter and `settings.writers` writers, each on an
     /// arbiter (thread) of its own.
     pub fn start(settings: &PipelineSettings, pool: PgPool, stats: Arc<Stats>) -> Pipeline {
+        Self::start_with(settings, pool, stats, None)
+    }
+
+    /// [`Pipeline::start`], with dead letters also published to a Kafka topic.
+    pub fn start_with(
+        settings: &PipelineSettings,
+        pool: PgPool,
+        stats: Arc<Stats>,
+        publisher: Option<Arc<DeadLetterPublisher>>,
+    ) -> Pipeline {
         let committer = OffsetCommitter::new(settings.commit_interval()).start();
         let writer_settings = WriterSettings {
             batch_max_events: settings.batch_max_events,
@@ -55,8 +66,9 @@ impl Pipeline {
                 let committer = committer.clone();
                 let writer_settings = writer_settings.clone();
                 let stats = stats.clone();
+                let publisher = publisher.clone();
                 let writer = DbWriter::start_in_arbiter(&arbiter.handle(), move |_| {
-                    DbWriter::new(id, repository, committer, writer_settings, stats)
+                    DbWriter::new(id, repository, publisher, committer, writer_settings, stats)
                 });
                 arbiters.push(arbiter);
                 writer

@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use futures::StreamExt;
+use std::time::Duration;
+
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::consumer::Consumer;
 use tracing::{debug, error, info, warn};
 
 use super::messages::{
@@ -17,7 +19,7 @@ use super::messages::{
 };
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
-use crate::kafka::context::{commit_list, commit_sync};
+use crate::kafka::commit_worker::CommitWorker;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
 /// Most items handled in one go; a chunk is split per partition into `Records` messages.
@@ -25,6 +27,7 @@ const CHUNK: usize = 1024;
 
 pub struct KafkaSupervisor {
     consumer: Option<Arc<HistoryConsumer>>,
+    commits: Option<CommitWorker>,
     pipeline: Pipeline,
     partitions: HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
     fetching: Option<SpawnHandle>,
@@ -32,8 +35,10 @@ pub struct KafkaSupervisor {
 
 impl KafkaSupervisor {
     pub fn new(consumer: Arc<HistoryConsumer>, pipeline: Pipeline) -> Self {
+        let commits = CommitWorker::start(consumer.clone(), pipeline.stats().clone());
         KafkaSupervisor {
             consumer: Some(consumer),
+            commits: Some(commits),
             pipeline,
             partitions: HashMap::new(),
             fetching: None,
@@ -175,14 +180,8 @@ impl Handler<CommitOffsets> for KafkaSupervisor {
             .into_iter()
             .filter(|position| self.current_epoch(&position.tp) == Some(position.epoch))
             .collect();
-        if positions.is_empty() {
-            return;
-        }
-        let Some(consumer) = self.consumer() else {
-            return;
-        };
-        if let Err(err) = consumer.commit(&commit_list(&positions), CommitMode::Async) {
-            warn!(error = %err, reason = msg.reason.as_str(), "offset commit request failed");
+        if let (false, Some(commits)) = (positions.is_empty(), &self.commits) {
+            commits.commit(positions, msg.reason.as_str());
         }
     }
 }
@@ -214,22 +213,9 @@ impl Handler<CommitFinal> for KafkaSupervisor {
     type Result = ();
 
     fn handle(&mut self, msg: CommitFinal, _: &mut Context<Self>) {
-        let Some(consumer) = self.consumer.clone() else {
-            return;
-        };
-        let assignment = consumer.assignment().unwrap_or_default();
-        let positions: Vec<CommitPosition> = msg
-            .0
-            .into_iter()
-            .filter(|position| {
-                assignment
-                    .find_partition(&position.tp.topic, position.tp.partition)
-                    .is_some()
-            })
-            .collect();
-        if !positions.is_empty() {
-            info!(positions = positions.len(), "committing final positions");
-            commit_sync(&*consumer, &positions, self.pipeline.stats());
+        if let (false, Some(commits)) = (msg.0.is_empty(), &self.commits) {
+            info!(positions = msg.0.len(), "committing final positions");
+            commits.commit_and_wait(msg.0, "shutdown", Duration::from_secs(30));
         }
     }
 }
@@ -243,6 +229,9 @@ impl Handler<CloseConsumer> for KafkaSupervisor {
     type Result = ();
 
     fn handle(&mut self, _: CloseConsumer, ctx: &mut Context<Self>) {
+        if let Some(mut commits) = self.commits.take() {
+            commits.stop();
+        }
         if let Some(consumer) = self.consumer.take() {
             consumer.unsubscribe();
             // Dropping the last handle closes the consumer: it leaves the group (serving the

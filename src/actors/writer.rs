@@ -12,8 +12,10 @@ use tracing::{debug, info, warn};
 use super::committer::OffsetCommitter;
 use super::messages::{Resolved, ResolvedOffset, Work, WriteJob, WriteJobs};
 use crate::domain::{HistoryEvent, Resolution, process_history_batch};
+use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::metrics::{OutcomeClass, Stats};
 use crate::store::dead_letters::{self, DeadLetterRow};
+use crate::store::repository::load_events;
 use crate::store::{PgHistoryRepository, StoreError};
 
 /// The writer's tuning, from `[pipeline]`.
@@ -37,6 +39,7 @@ enum State {
 pub struct DbWriter {
     id: usize,
     repository: PgHistoryRepository,
+    publisher: Option<Arc<DeadLetterPublisher>>,
     committer: Addr<OffsetCommitter>,
     settings: WriterSettings,
     stats: Arc<Stats>,
@@ -52,7 +55,7 @@ struct BatchResult {
     /// Jobs resolved, with their outcome class.
     resolved: Vec<(WriteJob, OutcomeClass)>,
     /// Jobs whose outcome is Unknown, with the error.
-    failed: Option<(Vec<WriteJob>, StoreError)>,
+    failed: Option<(Vec<WriteJob>, WriteError)>,
     elapsed: Duration,
 }
 
@@ -60,6 +63,7 @@ impl DbWriter {
     pub fn new(
         id: usize,
         repository: PgHistoryRepository,
+        publisher: Option<Arc<DeadLetterPublisher>>,
         committer: Addr<OffsetCommitter>,
         settings: WriterSettings,
         stats: Arc<Stats>,
@@ -68,6 +72,7 @@ impl DbWriter {
         DbWriter {
             id,
             repository,
+            publisher,
             committer,
             settings,
             stats,
@@ -114,10 +119,14 @@ impl DbWriter {
 
     fn write(&mut self, batch: Vec<WriteJob>, ctx: &mut Context<Self>) {
         self.state = State::Writing;
-        let repository = self.repository.clone();
+        let work = execute(
+            self.repository.clone(),
+            self.publisher.clone(),
+            self.stats.clone(),
+            batch,
+        );
         ctx.spawn(
-            execute(repository, batch)
-                .into_actor(self)
+            work.into_actor(self)
                 .map(|result, writer, ctx| writer.finish(result, ctx)),
         );
     }
@@ -190,9 +199,24 @@ impl DbWriter {
     }
 }
 
+/// Why a batch's outcome is Unknown.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("publishing to the dead-letter topic failed: {0}")]
+    Publish(#[from] rdkafka::error::KafkaError),
+}
+
 /// Runs one batch: the events through the per-event transaction's batched form, the dead
-/// letters through their insert. The two are independent: one failing leaves the other resolved.
-async fn execute(repository: PgHistoryRepository, batch: Vec<WriteJob>) -> BatchResult {
+/// letters through their insert (and the dead-letter topic, if any). The two are independent:
+/// one failing leaves the other resolved.
+async fn execute(
+    repository: PgHistoryRepository,
+    publisher: Option<Arc<DeadLetterPublisher>>,
+    stats: Arc<Stats>,
+    batch: Vec<WriteJob>,
+) -> BatchResult {
     let started = Instant::now();
     let (events, letters): (Vec<WriteJob>, Vec<WriteJob>) = batch
         .into_iter()
@@ -202,54 +226,25 @@ async fn execute(repository: PgHistoryRepository, batch: Vec<WriteJob>) -> Batch
     let mut error = None;
 
     if !events.is_empty() {
-        let refs: Vec<&HistoryEvent> = events
-            .iter()
-            .map(|job| match &job.work {
-                Work::Event(event) => event,
-                Work::DeadLetter(_) => unreachable!("partitioned above"),
-            })
-            .collect();
-        match process_history_batch(&repository, &refs).await {
-            Ok(resolutions) => resolved.extend(events.into_iter().zip(resolutions).map(
-                |(job, resolution)| {
-                    let class = match resolution {
-                        Resolution::Applied => OutcomeClass::Applied,
-                        Resolution::AlreadyApplied => OutcomeClass::AlreadyApplied,
-                    };
-                    (job, class)
-                },
-            )),
+        match write_events(&repository, &events).await {
+            Ok(classes) => {
+                report_conflicts(&repository, &stats, &events, &classes).await;
+                resolved.extend(events.into_iter().zip(classes));
+            }
             Err(err) => {
                 failed_jobs.extend(events);
-                error = Some(err);
+                error = Some(WriteError::Store(err));
             }
         }
     }
     if !letters.is_empty() {
-        let rows: Vec<DeadLetterRow<'_>> = letters
-            .iter()
-            .map(|job| match &job.work {
-                Work::DeadLetter(letter) => DeadLetterRow {
-                    topic: &job.tp.topic,
-                    partition: job.tp.partition,
-                    offset: job.offset,
-                    letter,
-                },
-                Work::Event(_) => unreachable!("partitioned above"),
-            })
-            .collect();
-        match dead_letters::insert(repository.pool(), &rows).await {
-            Ok(new) => {
-                debug!(stored = rows.len(), new, "dead letters written");
-                drop(rows);
-                resolved.extend(
-                    letters
-                        .into_iter()
-                        .map(|job| (job, OutcomeClass::DeadLetter)),
-                );
-            }
+        match write_dead_letters(&repository, publisher.as_deref(), &stats, &letters).await {
+            Ok(()) => resolved.extend(
+                letters
+                    .into_iter()
+                    .map(|job| (job, OutcomeClass::DeadLetter)),
+            ),
             Err(err) => {
-                drop(rows);
                 failed_jobs.extend(letters);
                 error.get_or_insert(err);
             }
@@ -260,6 +255,126 @@ async fn execute(repository: PgHistoryRepository, batch: Vec<WriteJob>) -> Batch
         failed: error.map(|error| (failed_jobs, error)),
         elapsed: started.elapsed(),
     }
+}
+
+fn event_of(job: &WriteJob) -> &HistoryEvent {
+    match &job.work {
+        Work::Event(event) => event,
+        Work::DeadLetter(_) => unreachable!("only event jobs are passed here"),
+    }
+}
+
+async fn write_events(
+    repository: &PgHistoryRepository,
+    events: &[WriteJob],
+) -> Result<Vec<OutcomeClass>, StoreError> {
+    let refs: Vec<&HistoryEvent> = events.iter().map(event_of).collect();
+    let resolutions = process_history_batch(repository, &refs).await?;
+    Ok(resolutions
+        .into_iter()
+        .map(|resolution| match resolution {
+            Resolution::Applied => OutcomeClass::Applied,
+            Resolution::AlreadyApplied => OutcomeClass::AlreadyApplied,
+        })
+        .collect())
+}
+
+/// A redelivered `event_id` whose content differs from the stored row is not merged: the
+/// stored row stays, and the conflict is counted and logged for an operator to look at.
+async fn report_conflicts(
+    repository: &PgHistoryRepository,
+    stats: &Stats,
+    events: &[WriteJob],
+    classes: &[OutcomeClass],
+) {
+    let duplicates: Vec<&WriteJob> = events
+        .iter()
+        .zip(classes)
+        .filter(|(_, class)| **class == OutcomeClass::AlreadyApplied)
+        .map(|(job, _)| job)
+        .collect();
+    if duplicates.is_empty() {
+        return;
+    }
+    let ids: Vec<&str> = duplicates
+        .iter()
+        .map(|job| event_of(job).event_id.as_str())
+        .collect();
+    // The stored rows never change, so reading them after the commit is as good as inside it.
+    let stored = match load_events(repository.pool(), &ids).await {
+        Ok(stored) => stored,
+        Err(err) => {
+            debug!(error = %err, "could not compare duplicates with their stored rows");
+            return;
+        }
+    };
+    for job in duplicates {
+        let event = event_of(job);
+        if let Some(row) = stored.get(&event.event_id) {
+            if !row.same_content(event) {
+                stats.conflicting_duplicate();
+                warn!(
+                    event_id = %event.event_id,
+                    partition = %job.tp,
+                    offset = job.offset,
+                    stored = ?row,
+                    redelivered = ?event,
+                    "conflicting duplicate: same event_id, different content; the stored row is kept"
+                );
+            }
+        }
+    }
+}
+
+async fn write_dead_letters(
+    repository: &PgHistoryRepository,
+    publisher: Option<&DeadLetterPublisher>,
+    stats: &Stats,
+    letters: &[WriteJob],
+) -> Result<(), WriteError> {
+    let rows: Vec<DeadLetterRow<'_>> = letters
+        .iter()
+        .map(|job| match &job.work {
+            Work::DeadLetter(letter) => DeadLetterRow {
+                topic: &job.tp.topic,
+                partition: job.tp.partition,
+                offset: job.offset,
+                letter,
+            },
+            Work::Event(_) => unreachable!("only dead-letter jobs are passed here"),
+        })
+        .collect();
+    let outcome = dead_letters::insert(repository.pool(), &rows).await?;
+    for &index in &outcome.conflicts {
+        let row = &rows[index];
+        stats.dead_letter_conflict();
+        warn!(
+            partition = %letters[index].tp,
+            offset = row.offset,
+            reason = row.letter.reason_code,
+            "a dead letter is already stored at these coordinates with other bytes (was the \
+             topic recreated?); the stored one is kept"
+        );
+    }
+    debug!(
+        stored = rows.len(),
+        new = outcome.new,
+        "dead letters written"
+    );
+    if let Some(publisher) = publisher {
+        // Only what no earlier delivery published: a redelivered poison record is not
+        // published twice (a crash between publishing and marking may still repeat one).
+        let pending: Vec<DeadLetterRow<'_>> = dead_letters::unpublished(repository.pool(), &rows)
+            .await?
+            .into_iter()
+            .map(|index| rows[index].clone())
+            .collect();
+        if !pending.is_empty() {
+            publisher.publish(&pending).await?;
+            dead_letters::mark_published(repository.pool(), &pending).await?;
+        }
+    }
+    Ok(())
 }
 
 impl Actor for DbWriter {

@@ -55,7 +55,7 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
             (local, Some(cluster))
         }
     };
-    if migrate::create_database_if_missing(&config).await? {
+    if migrate::create_database_if_missing(&crate::store::Database::plain(config.clone())).await? {
         info!(database = %crate::config::describe_target(&config), "database created");
     }
     let url_override = throwaway.as_ref().map(|cluster| {

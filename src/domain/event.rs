@@ -27,6 +27,18 @@ pub struct HistoryEvent {
     pub changed_at: DateTime<FixedOffset>,
 }
 
+impl HistoryEvent {
+    /// Whether two deliveries carry the same fact: equal fields, and the same instant for
+    /// `changed_at` whatever offset it was written with (the database keeps the instant).
+    pub fn same_content(&self, other: &HistoryEvent) -> bool {
+        self.event_id == other.event_id
+            && self.ticket_id == other.ticket_id
+            && self.from_status == other.from_status
+            && self.to_status == other.to_status
+            && self.changed_at == other.changed_at
+    }
+}
+
 /// The payload fields the decoder knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Field {

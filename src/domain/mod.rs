@@ -5,6 +5,8 @@ pub mod event;
 pub mod outcome;
 
 #[cfg(test)]
+mod event_props;
+#[cfg(test)]
 mod fake_repository;
 #[cfg(test)]
 mod outcome_tests;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use actix::Addr;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::error::KafkaError;
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
@@ -119,7 +119,9 @@ impl SupervisorContext {
         });
         match answer.recv_timeout(self.revoke_timeout) {
             Ok(positions) if positions.is_empty() => {}
-            Ok(positions) => commit_sync(consumer, &positions, &self.stats),
+            Ok(positions) => {
+                commit_sync(consumer, &positions, &self.stats, "revoke");
+            }
             Err(_) => warn!(
                 timeout_ms = self.revoke_timeout.as_millis() as u64,
                 "the committer did not answer the revoke in time: nothing committed"
@@ -170,28 +172,34 @@ pub fn commit_list(positions: &[CommitPosition]) -> TopicPartitionList {
     tpl
 }
 
-/// Commits synchronously (revoke, shutdown) and records the outcome.
+/// Commits and waits for the broker's answer, then records the outcome. (librdkafka reports
+/// nothing back for manual asynchronous commits, so every commit here is synchronous: the
+/// periodic ones on the commit worker's thread, revoke ones inside the rebalance callback.)
 pub fn commit_sync<C: ConsumerContext>(
     consumer: &impl Consumer<C>,
     positions: &[CommitPosition],
     stats: &Stats,
-) {
+    reason: &'static str,
+) -> bool {
     let tpl = commit_list(positions);
     match consumer.commit(&tpl, CommitMode::Sync) {
         Ok(()) => {
-            log_committed(&tpl, "sync");
-            stats.commit("sync", "ok");
+            log_committed(&tpl, reason);
+            stats.commit(reason, "ok");
+            true
         }
         Err(err) => {
-            warn!(error = %err, positions = ?positions, "synchronous offset commit failed");
-            stats.commit("sync", "error");
+            // Expected for partitions revoked meanwhile: their next owner commits them.
+            warn!(error = %err, reason, positions = ?positions, "offset commit failed");
+            stats.commit(reason, "error");
+            false
         }
     }
 }
 
 /// The service's own record of each commit: one line per partition, at debug level under the
 /// `history_service::commits` target (the chaos test reads them back).
-fn log_committed(tpl: &TopicPartitionList, mode: &'static str) {
+fn log_committed(tpl: &TopicPartitionList, reason: &'static str) {
     for element in tpl.elements() {
         if let Offset::Offset(offset) = element.offset() {
             let tp = TopicPartition::new(element.topic(), element.partition());
@@ -201,7 +209,7 @@ fn log_committed(tpl: &TopicPartitionList, mode: &'static str) {
                 topic = element.topic(),
                 partition = element.partition(),
                 offset,
-                mode,
+                reason,
                 "offset committed"
             );
         }
@@ -238,20 +246,6 @@ impl ConsumerContext for SupervisorContext {
             Rebalance::Assign(tpl) => self.assign(tpl),
             Rebalance::Revoke(_) => {}
             Rebalance::Error(err) => warn!(error = %err, "rebalance error"),
-        }
-    }
-
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        match result {
-            Ok(()) => {
-                log_committed(offsets, "async");
-                self.stats.commit("async", "ok");
-            }
-            Err(err) => {
-                // Expected for partitions revoked meanwhile; the next commit carries the position.
-                warn!(error = %err, "offset commit failed");
-                self.stats.commit("async", "error");
-            }
         }
     }
 }

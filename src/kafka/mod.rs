@@ -1,7 +1,10 @@
 //! The rdkafka consumer: its configuration, callbacks, and the stream of records and
 //! rebalance events the Kafka supervisor consumes.
 
+pub mod commit_worker;
 pub mod context;
+pub mod dead_letter_topic;
+pub mod replay;
 
 use std::sync::Arc;
 
@@ -15,7 +18,16 @@ use secrecy::ExposeSecret;
 pub use context::{RebalanceEvent, SupervisorContext};
 
 use crate::actors::messages::{Record, TopicPartition};
-use crate::config::KafkaSettings;
+use crate::config::{ConfigError, KafkaSettings};
+
+/// The consumer could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaSetupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("kafka consumer: {0}")]
+    Kafka(#[from] KafkaError),
+}
 
 pub type HistoryConsumer = StreamConsumer<SupervisorContext>;
 
@@ -30,7 +42,7 @@ pub enum KafkaItem {
 
 /// The librdkafka settings of the consumer. Offsets are only ever committed explicitly, and
 /// only positions the OffsetCommitter computed: no auto-commit, no auto offset store.
-pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
+pub fn consumer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigError> {
     let mut config = ClientConfig::new();
     let session_timeout = settings.session_timeout_ms;
     config
@@ -56,19 +68,49 @@ pub fn consumer_config(settings: &KafkaSettings) -> ClientConfig {
             "queued.max.messages.kbytes",
             settings.fetch_queue_kbytes.to_string(),
         );
-    for (key, value) in &settings.properties {
+    for (key, value) in settings.librdkafka_properties()? {
         config.set(key, value.expose_secret());
     }
-    config
+    Ok(config)
 }
+
+/// The settings of a producer to the same cluster (dead-letter topic, replays): the brokers and
+/// the pass-through security properties.
+pub fn producer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigError> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &settings.brokers)
+        .set("client.id", format!("{}-producer", settings.client_id))
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5");
+    for (key, value) in settings.librdkafka_properties()? {
+        if !CONSUMER_ONLY.iter().any(|prefix| key.starts_with(prefix)) {
+            config.set(key, value.expose_secret());
+        }
+    }
+    Ok(config)
+}
+
+/// Consumer properties a producer must not be given (librdkafka warns about each).
+const CONSUMER_ONLY: [&str; 9] = [
+    "group.",
+    "session.timeout",
+    "heartbeat.",
+    "auto.",
+    "enable.auto",
+    "fetch.",
+    "queued.",
+    "partition.assignment",
+    "max.poll",
+];
 
 /// Creates the consumer and subscribes it. Configuration errors (an unknown librdkafka property,
 /// a bad value) surface here, at start-up.
 pub fn subscribe(
     settings: &KafkaSettings,
     context: SupervisorContext,
-) -> Result<Arc<HistoryConsumer>, KafkaError> {
-    let consumer: HistoryConsumer = consumer_config(settings).create_with_context(context)?;
+) -> Result<Arc<HistoryConsumer>, KafkaSetupError> {
+    let consumer: HistoryConsumer = consumer_config(settings)?.create_with_context(context)?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     Ok(Arc::new(consumer))

@@ -1,6 +1,8 @@
 //! The dead-letter table: records that can never be recorded, kept with their raw bytes and
 //! the reason, so that a poison record neither blocks its partition nor disappears.
 
+use std::collections::{HashMap, HashSet};
+
 use chrono::{DateTime, Utc};
 
 use super::pool::{PgPool, StoreError};
@@ -36,6 +38,7 @@ impl DeadLetter {
 }
 
 /// One dead letter with its record's coordinates.
+#[derive(Clone)]
 pub struct DeadLetterRow<'a> {
     pub topic: &'a str,
     pub partition: i32,
@@ -43,11 +46,24 @@ pub struct DeadLetterRow<'a> {
     pub letter: &'a DeadLetter,
 }
 
+/// What storing a set of dead letters did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InsertOutcome {
+    /// Letters stored by this call.
+    pub new: usize,
+    /// Indexes of letters whose coordinates were already taken by a letter with other bytes
+    /// (a topic deleted and recreated reuses offsets). The stored letter is kept.
+    pub conflicts: Vec<usize>,
+}
+
 /// Stores dead letters in one statement; a letter already stored for the same
-/// (topic, partition, offset) is left as it is. Returns how many were new.
-pub async fn insert(pool: &PgPool, rows: &[DeadLetterRow<'_>]) -> Result<u64, StoreError> {
+/// (topic, partition, offset) is left as it is — a redelivery writes nothing new.
+pub async fn insert(
+    pool: &PgPool,
+    rows: &[DeadLetterRow<'_>],
+) -> Result<InsertOutcome, StoreError> {
     if rows.is_empty() {
-        return Ok(0);
+        return Ok(InsertOutcome::default());
     }
     let mut conn = pool.get().await?;
     let statement = conn.statements().await?.insert_dead_letters.clone();
@@ -63,7 +79,7 @@ pub async fn insert(pool: &PgPool, rows: &[DeadLetterRow<'_>]) -> Result<u64, St
         rows.iter().map(|r| r.letter.record_timestamp).collect();
     let inserted = conn
         .client
-        .execute(
+        .query(
             &statement,
             &[
                 &topics,
@@ -78,5 +94,184 @@ pub async fn insert(pool: &PgPool, rows: &[DeadLetterRow<'_>]) -> Result<u64, St
             ],
         )
         .await?;
-    Ok(inserted)
+    let inserted: HashSet<(String, i32, i64)> = inserted
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    let existing: Vec<usize> = (0..rows.len())
+        .filter(|&i| !inserted.contains(&(topics[i].to_owned(), partitions[i], offsets[i])))
+        .collect();
+    if existing.is_empty() {
+        return Ok(InsertOutcome {
+            new: inserted.len(),
+            conflicts: Vec::new(),
+        });
+    }
+    let statement = conn.statements().await?.load_dead_letter_payloads.clone();
+    let e_topics: Vec<&str> = existing.iter().map(|&i| topics[i]).collect();
+    let e_partitions: Vec<i32> = existing.iter().map(|&i| partitions[i]).collect();
+    let e_offsets: Vec<i64> = existing.iter().map(|&i| offsets[i]).collect();
+    let stored: HashMap<(String, i32, i64), Option<Vec<u8>>> = conn
+        .client
+        .query(&statement, &[&e_topics, &e_partitions, &e_offsets])
+        .await?
+        .iter()
+        .map(|row| ((row.get(0), row.get(1), row.get(2)), row.get(3)))
+        .collect();
+    let conflicts = existing
+        .into_iter()
+        .filter(|&i| {
+            let key = (topics[i].to_owned(), partitions[i], offsets[i]);
+            stored
+                .get(&key)
+                .is_some_and(|payload| payload.as_deref() != payloads[i])
+        })
+        .collect();
+    Ok(InsertOutcome {
+        new: inserted.len(),
+        conflicts,
+    })
+}
+
+/// The letters among `rows` not yet published to the dead-letter topic.
+pub async fn unpublished(
+    pool: &PgPool,
+    rows: &[DeadLetterRow<'_>],
+) -> Result<Vec<usize>, StoreError> {
+    let conn = pool.get().await?;
+    let (topics, partitions, offsets) = coordinates(rows);
+    let pending: HashSet<(String, i32, i64)> = conn
+        .client
+        .query(
+            "SELECT topic, partition, \"offset\" FROM dead_letters \
+             WHERE (topic, partition, \"offset\") IN \
+             (SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[])) \
+             AND published_at IS NULL",
+            &[&topics, &partitions, &offsets],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect();
+    Ok((0..rows.len())
+        .filter(|&i| pending.contains(&(topics[i].to_owned(), partitions[i], offsets[i])))
+        .collect())
+}
+
+/// Records that these letters were published to the dead-letter topic.
+pub async fn mark_published(pool: &PgPool, rows: &[DeadLetterRow<'_>]) -> Result<(), StoreError> {
+    let conn = pool.get().await?;
+    let (topics, partitions, offsets) = coordinates(rows);
+    conn.client
+        .execute(
+            "UPDATE dead_letters SET published_at = now() \
+             WHERE (topic, partition, \"offset\") IN \
+             (SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]))",
+            &[&topics, &partitions, &offsets],
+        )
+        .await?;
+    Ok(())
+}
+
+fn coordinates<'a>(rows: &[DeadLetterRow<'a>]) -> (Vec<&'a str>, Vec<i32>, Vec<i64>) {
+    (
+        rows.iter().map(|r| r.topic).collect(),
+        rows.iter().map(|r| r.partition).collect(),
+        rows.iter().map(|r| r.offset).collect(),
+    )
+}
+
+/// A stored dead letter, as `dead-letters list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredDeadLetter {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub reason_code: String,
+    pub reason: String,
+    pub first_seen: DateTime<Utc>,
+    pub replayed_at: Option<DateTime<Utc>>,
+}
+
+/// Which dead letters to list or replay.
+#[derive(Debug, Clone, Default)]
+pub struct DeadLetterFilter {
+    pub topic: Option<String>,
+    pub partition: Option<i32>,
+    pub offset: Option<i64>,
+    pub reason_code: Option<String>,
+    /// Include letters already replayed.
+    pub include_replayed: bool,
+    pub limit: i64,
+}
+
+/// Dead letters matching the filter, oldest coordinates first.
+pub async fn list(
+    client: &tokio_postgres::Client,
+    filter: &DeadLetterFilter,
+) -> Result<Vec<StoredDeadLetter>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT topic, partition, \"offset\", record_key, payload, reason_code, reason, \
+             first_seen, replayed_at FROM dead_letters \
+             WHERE ($1::text IS NULL OR topic = $1) \
+               AND ($2::int IS NULL OR partition = $2) \
+               AND ($3::bigint IS NULL OR \"offset\" = $3) \
+               AND ($4::text IS NULL OR reason_code = $4) \
+               AND ($5 OR replayed_at IS NULL) \
+             ORDER BY topic, partition, \"offset\" LIMIT $6",
+            &[
+                &filter.topic,
+                &filter.partition,
+                &filter.offset,
+                &filter.reason_code,
+                &filter.include_replayed,
+                &filter.limit,
+            ],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| StoredDeadLetter {
+            topic: row.get(0),
+            partition: row.get(1),
+            offset: row.get(2),
+            key: row.get(3),
+            payload: row.get(4),
+            reason_code: row.get(5),
+            reason: row.get(6),
+            first_seen: row.get(7),
+            replayed_at: row.get(8),
+        })
+        .collect())
+}
+
+/// Counts of dead letters per reason code.
+pub async fn count_by_reason(
+    client: &tokio_postgres::Client,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let rows = client
+        .query(
+            "SELECT reason_code, count(*) FROM dead_letters GROUP BY 1 ORDER BY 2 DESC, 1",
+            &[],
+        )
+        .await?;
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
+/// Marks a dead letter as replayed now.
+pub async fn mark_replayed(
+    client: &tokio_postgres::Client,
+    letter: &StoredDeadLetter,
+) -> Result<(), StoreError> {
+    client
+        .execute(
+            "UPDATE dead_letters SET replayed_at = now() \
+             WHERE topic = $1 AND partition = $2 AND \"offset\" = $3",
+            &[&letter.topic, &letter.partition, &letter.offset],
+        )
+        .await?;
+    Ok(())
 }

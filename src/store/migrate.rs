@@ -4,6 +4,7 @@
 use tokio_postgres::Client;
 use tracing::info;
 
+use super::database::Database;
 use super::pool::StoreError;
 
 mod embedded {
@@ -49,29 +50,22 @@ pub async fn run_migrations(client: &mut Client) -> Result<MigrationReport, Stor
     Ok(MigrationReport { applied, known })
 }
 
-/// Connects outside any pool (migrations run before the pool is used).
+/// Connects without TLS, outside any pool (tools and tests; the service uses [`Database`]).
 pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, StoreError> {
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(err) = connection.await {
-            tracing::debug!(error = %err, "migration connection closed");
-        }
-    });
-    Ok(client)
+    Database::plain(config.clone()).connect().await
 }
 
-/// Creates the configured database if it does not exist, through the server's `postgres`
-/// database. Used by `demo` and by `migrate --create-database`.
-pub async fn create_database_if_missing(
-    config: &tokio_postgres::Config,
-) -> Result<bool, StoreError> {
-    let name = config
+/// Creates the database if it does not exist, through the server's `postgres` database. Used
+/// by `demo` and by `migrate --create-database`.
+pub async fn create_database_if_missing(database: &Database) -> Result<bool, StoreError> {
+    let name = database
+        .config
         .get_dbname()
         .ok_or_else(|| StoreError::Migration("the database URL names no database".into()))?
         .to_owned();
-    let mut admin = config.clone();
-    admin.dbname("postgres");
-    let client = connect(&admin).await?;
+    let mut admin = database.clone();
+    admin.config.dbname("postgres");
+    let client = admin.connect().await?;
     let exists = client
         .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
         .await?

@@ -1,9 +1,10 @@
 //! The bb8 pool of PostgreSQL connections, each with its prepared statements.
 
-use std::time::Duration;
-
 use bb8_postgres::PostgresConnectionManager;
+use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, NoTls, Statement};
+
+use super::database::PgTls;
 
 /// Any failure talking to the History database.
 #[derive(Debug, thiserror::Error)]
@@ -57,11 +58,21 @@ pub struct Statements {
     pub try_inbox_batch: Statement,
     pub save_history_batch: Statement,
     pub insert_dead_letters: Statement,
+    pub load_history: Statement,
+    pub load_dead_letter_payloads: Statement,
 }
 
 impl Statements {
     async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
-        let (try_inbox, save_history, try_inbox_batch, save_history_batch, insert_dead_letters) = futures::try_join!(
+        let (
+            try_inbox,
+            save_history,
+            try_inbox_batch,
+            save_history_batch,
+            insert_dead_letters,
+            load_history,
+            load_dead_letter_payloads,
+        ) = futures::try_join!(
             client.prepare(
                 "INSERT INTO inbox (event_id) VALUES ($1) \
                  ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
@@ -88,7 +99,17 @@ impl Statements {
                  reason_code, reason, field, record_timestamp) \
                  SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::bytea[], \
                  $5::bytea[], $6::text[], $7::text[], $8::text[], $9::timestamptz[]) \
-                 ON CONFLICT (topic, partition, \"offset\") DO NOTHING"
+                 ON CONFLICT (topic, partition, \"offset\") DO NOTHING \
+                 RETURNING topic, partition, \"offset\""
+            ),
+            client.prepare(
+                "SELECT event_id, ticket_id, from_status, to_status, changed_at \
+                 FROM history_events WHERE event_id = ANY($1::text[])"
+            ),
+            client.prepare(
+                "SELECT topic, partition, \"offset\", payload FROM dead_letters \
+                 WHERE (topic, partition, \"offset\") IN \
+                 (SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]))"
             ),
         )?;
         Ok(Statements {
@@ -97,13 +118,30 @@ impl Statements {
             try_inbox_batch,
             save_history_batch,
             insert_dead_letters,
+            load_history,
+            load_dead_letter_payloads,
         })
     }
 }
 
-/// bb8-postgres's manager, plus the prepared statements and the poisoned flag.
+/// bb8-postgres's manager (plain or TLS), plus the prepared statements and the poisoned flag.
 pub struct PgManager {
-    inner: PostgresConnectionManager<NoTls>,
+    inner: Manager,
+}
+
+enum Manager {
+    Plain(PostgresConnectionManager<NoTls>),
+    Tls(PostgresConnectionManager<MakeTlsConnector>),
+}
+
+impl PgManager {
+    pub fn new(config: tokio_postgres::Config, tls: PgTls) -> Self {
+        let inner = match tls {
+            PgTls::Plain => Manager::Plain(PostgresConnectionManager::new(config, NoTls)),
+            PgTls::Tls(tls) => Manager::Tls(PostgresConnectionManager::new(config, tls)),
+        };
+        PgManager { inner }
+    }
 }
 
 impl bb8::ManageConnection for PgManager {
@@ -111,7 +149,10 @@ impl bb8::ManageConnection for PgManager {
     type Error = tokio_postgres::Error;
 
     async fn connect(&self) -> Result<PgConnection, tokio_postgres::Error> {
-        let client = self.inner.connect().await?;
+        let client = match &self.inner {
+            Manager::Plain(manager) => manager.connect().await?,
+            Manager::Tls(manager) => manager.connect().await?,
+        };
         Ok(PgConnection {
             client,
             statements: None,
@@ -120,7 +161,7 @@ impl bb8::ManageConnection for PgManager {
     }
 
     async fn is_valid(&self, conn: &mut PgConnection) -> Result<(), tokio_postgres::Error> {
-        self.inner.is_valid(&mut conn.client).await
+        conn.client.simple_query("").await.map(|_| ())
     }
 
     fn has_broken(&self, conn: &mut PgConnection) -> bool {
@@ -128,19 +169,11 @@ impl bb8::ManageConnection for PgManager {
     }
 }
 
-/// Builds the pool without connecting: the service starts (and reports not-ready) while the
-/// database is down, and connects when it answers.
+/// A pool on a database reached without TLS (tests and tools).
 pub fn connect_pool(
     config: tokio_postgres::Config,
     size: u32,
-    connect_timeout: Duration,
+    connect_timeout: std::time::Duration,
 ) -> PgPool {
-    let manager = PgManager {
-        inner: PostgresConnectionManager::new(config, NoTls),
-    };
-    bb8::Pool::builder()
-        .max_size(size)
-        .min_idle(Some(0))
-        .connection_timeout(connect_timeout)
-        .build_unchecked(manager)
+    super::Database::plain(config).pool(size, connect_timeout)
 }

@@ -120,3 +120,28 @@ impl HistoryTransaction for PgTransaction {
         self.end("ROLLBACK").await
     }
 }
+
+/// The stored history rows of these events, by `event_id` (for telling a redelivery from a
+/// conflicting duplicate: same `event_id`, different content).
+pub async fn load_events(
+    pool: &super::PgPool,
+    event_ids: &[&str],
+) -> Result<std::collections::HashMap<String, HistoryEvent>, StoreError> {
+    let mut conn = pool.get().await?;
+    let statement = conn.statements().await?.load_history.clone();
+    let rows = conn.client.query(&statement, &[&event_ids]).await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let changed_at: DateTime<chrono::Utc> = row.get(4);
+            let event = HistoryEvent {
+                event_id: row.get(0),
+                ticket_id: row.get(1),
+                from_status: row.get(2),
+                to_status: row.get(3),
+                changed_at: changed_at.fixed_offset(),
+            };
+            (event.event_id.clone(), event)
+        })
+        .collect())
+}

@@ -7,5 +7,6 @@ mod mock_kafka;
 mod cli;
 mod end_to_end;
 mod migrations;
+mod operations;
 mod pipeline;
 mod repository;
