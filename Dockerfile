@@ -39,13 +39,15 @@ WORKDIR /build
 
 # Dependency layer: build every dependency (librdkafka is by far the slowest) against stub
 # sources, so that editing src/ does not rebuild them. It is only invalidated when Cargo.toml
-# or Cargo.lock change. The stubs mirror the manifest's targets: [lib] src/lib.rs and
-# [[bin]] src/main.rs. (If Cargo.toml ever declares [[bench]], [[test]] or [[example]] targets
-# or a build script, their files must exist here too, or cargo rejects the manifest.)
+# or Cargo.lock change. The stubs mirror the manifest's targets: [lib] src/lib.rs, [[bin]]
+# src/main.rs and the two [[bench]] files (cargo rejects a manifest whose target files are
+# missing, even when it does not build them). Keep this list in step with Cargo.toml.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
+RUN mkdir src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
+    && echo 'fn main() {}' > benches/decode.rs \
+    && echo 'fn main() {}' > benches/offset_window.rs \
     && cargo build --release --locked \
     && rm -rf src
 

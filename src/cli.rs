@@ -41,6 +41,10 @@ pub enum Command {
     /// Run the whole service on embedded defaults: an embedded broker, the configured
     /// PostgreSQL (or a throwaway one), the seed scenario and a generated stream, then a report.
     Demo(DemoArgs),
+    /// Measure throughput, memory and latency: the service draining a backlog, against the
+    /// batched statement alone (PostgreSQL's ceiling) and a naive consumer. Prints a table and a
+    /// last line `RESULT events=... service_eps=... ceiling_ratio=... p99_ms=...`.
+    Bench(BenchArgs),
     /// Run an embedded Kafka-protocol broker (librdkafka's mock cluster) for local development.
     /// Prints `bootstrap.servers=HOST:PORT` as its first line; runs until SIGINT or SIGTERM.
     DevKafka(DevKafkaArgs),
@@ -141,6 +145,38 @@ pub struct DemoArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Records in the backlog (duplicates included).
+    #[arg(long, default_value_t = 100_000)]
+    pub events: usize,
+    /// Partitions of the backlog's topic. The embedded broker keeps 5 MiB per partition, about
+    /// 25,000 records: use at least events / 20,000.
+    #[arg(long, default_value_t = 24)]
+    pub partitions: i32,
+    /// Fraction of records that redeliver an earlier event.
+    #[arg(long, default_value_t = 0.1)]
+    pub duplicates: f64,
+    /// DB writers of the service, and connections of the ceiling (default: pipeline.writers).
+    #[arg(long)]
+    pub writers: Option<usize>,
+    /// Events per transaction (default: pipeline.batch_max_events).
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Records the naive consumer processes; its rate is measured on this sample.
+    #[arg(long, default_value_t = 2000)]
+    pub naive_events: usize,
+    /// Offered load of the latency measurement, events per second.
+    #[arg(long, default_value_t = 2000)]
+    pub latency_rate: u32,
+    /// Duration of the latency measurement, seconds.
+    #[arg(long, default_value_t = 10)]
+    pub latency_seconds: u64,
+    /// Keep the benchmark's databases (history_bench_*) instead of dropping them.
+    #[arg(long)]
+    pub keep_databases: bool,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct DevKafkaArgs {
     /// Topic to create.
     #[arg(long, default_value = "tickets.status.v1")]
@@ -178,7 +214,9 @@ pub fn main() -> ExitCode {
         }
     };
     let mut log = settings.log.clone();
-    if matches!(cli.command, Command::Demo(_)) && std::env::var_os("RUST_LOG").is_none() {
+    if matches!(cli.command, Command::Demo(_) | Command::Bench(_))
+        && std::env::var_os("RUST_LOG").is_none()
+    {
         // The demo prints its own progress and report; only warnings (poison records, retries)
         // are worth interleaving with them.
         log.filter = "warn".to_owned();
@@ -188,6 +226,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run => runtime.block_on(run_service(&settings)),
         Command::Demo(args) => runtime.block_on(run_demo(&settings, &args)),
+        Command::Bench(args) => runtime.block_on(run_bench(&settings, &args)),
         Command::DevKafka(args) => runtime.block_on(async {
             crate::dev::dev_kafka(
                 &args.topic,
@@ -344,6 +383,30 @@ fn preview(payload: Option<&[u8]>) -> String {
             }
         }
     }
+}
+
+async fn run_bench(settings: &Settings, args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    let options = crate::dev::bench::BenchOptions {
+        events: args.events,
+        partitions: args.partitions,
+        duplicates: args.duplicates,
+        writers: args.writers.unwrap_or(settings.pipeline.writers),
+        batch: args.batch.unwrap_or(settings.pipeline.batch_max_events),
+        naive_events: args.naive_events,
+        latency_rate: args.latency_rate,
+        latency_seconds: args.latency_seconds,
+        keep_databases: args.keep_databases,
+        ..Default::default()
+    };
+    let report = crate::dev::bench::run(settings, &options)
+        .await
+        .context("benchmark failed")?;
+    print!("{}", report.render());
+    Ok(if report.verified {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 async fn run_migrate(settings: &Settings, args: &MigrateArgs) -> anyhow::Result<ExitCode> {

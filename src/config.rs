@@ -77,6 +77,7 @@ pub struct KafkaSettings {
     pub session_timeout_ms: u64,
     pub revoke_timeout_ms: u64,
     pub statistics_interval_ms: u64,
+    pub fetch_wait_max_ms: u64,
     pub fetch_queue_kbytes: u64,
     /// librdkafka properties passed through verbatim; values may be secrets.
     #[serde(default)]

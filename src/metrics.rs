@@ -127,10 +127,16 @@ impl Stats {
         metrics::counter!(DEAD_LETTER_CONFLICTS_TOTAL).increment(1);
     }
 
-    pub fn records_fetched(&self, count: u64) {
-        self.first_fetch.get_or_init(std::time::Instant::now);
+    /// Counts fetched records; true the first time (when throughput starts being measured).
+    pub fn records_fetched(&self, count: u64) -> bool {
+        let mut first = false;
+        self.first_fetch.get_or_init(|| {
+            first = true;
+            std::time::Instant::now()
+        });
         self.records_fetched.fetch_add(count, Ordering::Relaxed);
         metrics::counter!(RECORDS_FETCHED_TOTAL).increment(count);
+        first
     }
 
     pub fn transaction(&self, elapsed: Duration, events: usize) {

@@ -1,6 +1,8 @@
 //! Logging: `tracing` to stderr, human or JSON, filtered by `log.filter` or `RUST_LOG`.
 //! Standard output is left to the commands' own reports (and `dev-kafka`'s address line).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, LogSettings};
@@ -14,6 +16,7 @@ pub fn init(settings: &LogSettings) {
         .unwrap_or_else(|| EnvFilter::new(&settings.filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match settings.format {
         LogFormat::Human => builder.with_target(false).try_init(),

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use actix::prelude::*;
-use tracing::{debug, debug_span, warn};
+use tracing::{debug, debug_span, info, warn};
 
 use super::messages::{
     Epoch, FlowControl, Records, StopPartition, TopicPartition, Track, TrackReply, WindowState,
@@ -194,7 +194,9 @@ impl Handler<Records> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: Records, ctx: &mut Context<Self>) {
-        self.pipeline.stats().records_fetched(msg.0.len() as u64);
+        if self.pipeline.stats().records_fetched(msg.0.len() as u64) {
+            info!(tp = %self.tp, "first records fetched");
+        }
         for record in msg.0 {
             let job = self.decode(record);
             self.pending.push_back(job);

@@ -47,6 +47,16 @@ impl GroupInspector {
             .collect())
     }
 
+    /// The first and the end offset of a partition.
+    pub fn watermarks(
+        &self,
+        topic: &str,
+        partition: i32,
+        timeout: Duration,
+    ) -> Result<(i64, i64), KafkaError> {
+        self.consumer.fetch_watermarks(topic, partition, timeout)
+    }
+
     /// The end (high watermark) of each partition.
     pub fn ends(
         &self,

@@ -1,6 +1,7 @@
 //! Development tools: the embedded broker, generated workloads, a PostgreSQL for the demo,
 //! the demo itself, and the group inspector tests and tools use to read committed offsets.
 
+pub mod bench;
 pub mod broker;
 pub mod demo;
 pub mod group;
@@ -26,6 +27,8 @@ pub enum DevError {
     Service(#[from] crate::app::ServiceError),
     #[error("not everything was committed within {0:?}")]
     Timeout(Duration),
+    #[error("benchmark: {0}")]
+    Bench(String),
 }
 
 /// `history-service dev-kafka`: runs an embedded broker with the topic until `shutdown`.

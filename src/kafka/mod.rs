@@ -64,6 +64,7 @@ pub fn consumer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigE
             "statistics.interval.ms",
             settings.statistics_interval_ms.to_string(),
         )
+        .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
         .set(
             "queued.max.messages.kbytes",
             settings.fetch_queue_kbytes.to_string(),

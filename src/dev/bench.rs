@@ -1,0 +1,788 @@
+//! `history-service bench`: how fast the service drains a backlog, against what PostgreSQL
+//! itself allows and against what a naive consumer does, on the same generated records.
+//!
+//! - **service**: the real binary (`run`, a child process) drains a backlog from the embedded
+//!   broker; timed from its first fetch to the group's final offset commit covering every record.
+//!   Its peak resident memory is read from `/proc`.
+//! - **ceiling**: the same rows written to a fresh database by the batched statement alone, with
+//!   as many connections as the service has writers: no Kafka, no actors.
+//! - **naive**: an in-order consumer doing one transaction per event and a synchronous offset
+//!   commit after each — on a sample, since it is slow.
+//! - **latency**: produce → row committed, at a fixed offered load below saturation, observed
+//!   through a NOTIFY trigger on a database of its own.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use secrecy::ExposeSecret;
+
+use super::DevError;
+use super::broker::EmbeddedBroker;
+use super::group::GroupInspector;
+use super::workload::{self, PlannedRecord, RecordKind, WorkloadSpec};
+use crate::config::Settings;
+use crate::domain::{HistoryEvent, Outcome, process_history_batch, process_history_once};
+use crate::store::{Database, PgHistoryRepository, migrate, verify};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    pub events: usize,
+    pub partitions: i32,
+    pub duplicates: f64,
+    pub writers: usize,
+    pub batch: usize,
+    /// Records the naive consumer processes (its rate is measured on this sample).
+    pub naive_events: usize,
+    /// Offered load of the latency phase, events per second.
+    pub latency_rate: u32,
+    pub latency_seconds: u64,
+    /// Keep the benchmark's databases instead of dropping them.
+    pub keep_databases: bool,
+    /// Give up on a phase after this long.
+    pub timeout: Duration,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            events: 100_000,
+            partitions: 24,
+            duplicates: 0.1,
+            writers: 2,
+            batch: 1000,
+            naive_events: 2000,
+            latency_rate: 2000,
+            latency_seconds: 10,
+            keep_databases: false,
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One throughput measurement.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rate {
+    pub events: usize,
+    pub elapsed: Duration,
+}
+
+impl Rate {
+    pub fn per_second(&self) -> f64 {
+        self.events as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Latency {
+    pub samples: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    pub options: BenchOptions,
+    pub distinct_events: usize,
+    pub service: Rate,
+    pub ceiling: Rate,
+    pub naive: Rate,
+    pub peak_rss_mb: f64,
+    pub latency: Latency,
+    /// The service's database holds every distinct event once, consistently.
+    pub verified: bool,
+}
+
+impl BenchReport {
+    pub fn render(&self) -> String {
+        let o = &self.options;
+        let mut out = format!(
+            "history-service bench: {} records ({:.0}% duplicates, {} distinct events), {} partitions, {} writers, batches of {}\n",
+            o.events,
+            o.duplicates * 100.0,
+            self.distinct_events,
+            o.partitions,
+            o.writers,
+            o.batch
+        );
+        out.push_str("  phase      records   seconds    events/s\n");
+        for (name, rate, note) in [
+            (
+                "service",
+                self.service,
+                "first fetch to final offset commit",
+            ),
+            (
+                "ceiling",
+                self.ceiling,
+                "batched statement alone, no Kafka, no actors",
+            ),
+            (
+                "naive",
+                self.naive,
+                "one transaction and one offset commit per event",
+            ),
+        ] {
+            out.push_str(&format!(
+                "  {name:<8} {:>9} {:>9.2} {:>11.0}   ({note})\n",
+                rate.events,
+                rate.elapsed.as_secs_f64(),
+                rate.per_second()
+            ));
+        }
+        out.push_str(&format!(
+            "  service peak RSS {:.1} MB; database verified: {}\n",
+            self.peak_rss_mb,
+            if self.verified { "yes" } else { "NO" }
+        ));
+        out.push_str(&format!(
+            "  latency (produce -> row committed) at {}/s for {} s: {} samples, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms\n",
+            o.latency_rate,
+            o.latency_seconds,
+            self.latency.samples,
+            self.latency.p50_ms,
+            self.latency.p99_ms,
+            self.latency.max_ms
+        ));
+        out.push_str(&self.result_line());
+        out.push('\n');
+        out
+    }
+
+    /// The machine-readable summary, the last line of the output.
+    pub fn result_line(&self) -> String {
+        let (service, ceiling, naive) = (
+            self.service.per_second(),
+            self.ceiling.per_second(),
+            self.naive.per_second(),
+        );
+        format!(
+            "RESULT events={} service_eps={:.0} ceiling_eps={:.0} naive_eps={:.0} ceiling_ratio={:.2} naive_ratio={:.1} peak_rss_mb={:.1} p99_ms={:.1}",
+            self.options.events,
+            service,
+            ceiling,
+            naive,
+            service / ceiling.max(1e-9),
+            service / naive.max(1e-9),
+            self.peak_rss_mb,
+            self.latency.p99_ms
+        )
+    }
+}
+
+const TOPIC: &str = "bench.tickets";
+const LATENCY_TOPIC: &str = "bench.latency";
+
+pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchReport, DevError> {
+    let run_id = format!("{:08x}", rand::random::<u32>());
+    let broker = EmbeddedBroker::start(1)?;
+    broker.create_topic(TOPIC, options.partitions)?;
+    broker.create_topic(LATENCY_TOPIC, 4)?;
+    let brokers = broker.bootstrap_servers();
+    let server = super::postgres::prepare(&settings.database.postgres_config()?).await?;
+    let databases = BenchDatabases::new(&server.config, &run_id, options.keep_databases);
+
+    let records = workload::generate(&WorkloadSpec {
+        records: options.events,
+        duplicates: options.duplicates,
+        poison: 0.0,
+        partitions: options.partitions,
+        id_prefix: format!("bench-{run_id}"),
+        tickets: 10_000,
+        max_payload_bytes: settings.pipeline.max_payload_bytes,
+        seed: 42,
+    });
+    let distinct_events = records
+        .iter()
+        .filter(|r| matches!(r.kind, RecordKind::Event { .. }))
+        .count();
+    eprintln!(
+        "producing {} records to {TOPIC} ({} partitions)...",
+        records.len(),
+        options.partitions
+    );
+    let produce_started = Instant::now();
+    let produce = {
+        let (brokers, records) = (brokers.clone(), records.clone());
+        tokio::task::spawn_blocking(move || workload::produce(&brokers, TOPIC, &records))
+    };
+    produce.await.expect("producer thread")?;
+    eprintln!("  produced in {:.1?}", produce_started.elapsed());
+    let inspector = GroupInspector::new(&brokers, "bench-inspector")?;
+    check_retention(&inspector, options)?;
+    let ends = inspector.ends(TOPIC, options.partitions, Duration::from_secs(10))?;
+
+    eprintln!("service: draining the backlog with `history-service run`...");
+    let service_db = databases.create("service").await?;
+    let (service, peak_rss_mb) =
+        measure_service(settings, options, &brokers, &service_db, &ends, &run_id).await?;
+    let verified = {
+        let client = Database::plain(service_db.clone()).connect().await?;
+        let report = verify::verify(&client, 5).await?;
+        report.is_consistent() && report.history_rows == distinct_events as i64
+    };
+    eprintln!(
+        "  {:.0} events/s, peak RSS {peak_rss_mb:.1} MB",
+        service.per_second()
+    );
+
+    eprintln!("ceiling: the batched statement alone...");
+    let ceiling_db = databases.create("ceiling").await?;
+    let ceiling = measure_ceiling(&ceiling_db, &records, options).await?;
+    eprintln!("  {:.0} events/s", ceiling.per_second());
+
+    eprintln!("naive: one transaction and one offset commit per event...");
+    let naive_db = databases.create("naive").await?;
+    let naive = measure_naive(&naive_db, &brokers, options, &run_id).await?;
+    eprintln!("  {:.0} events/s", naive.per_second());
+
+    eprintln!(
+        "latency: {} events/s for {} s...",
+        options.latency_rate, options.latency_seconds
+    );
+    let latency_db = databases.create("latency").await?;
+    let latency = measure_latency(settings, options, &brokers, &latency_db, &run_id).await?;
+    eprintln!(
+        "  p50 {:.1} ms, p99 {:.1} ms",
+        latency.p50_ms, latency.p99_ms
+    );
+
+    databases.drop_all().await;
+    drop(server);
+    Ok(BenchReport {
+        options: options.clone(),
+        distinct_events,
+        service,
+        ceiling,
+        naive,
+        peak_rss_mb,
+        latency,
+        verified,
+    })
+}
+
+/// The mock broker keeps at most 5 MiB per partition: a backlog must fit, or the benchmark
+/// would silently measure fewer records.
+fn check_retention(inspector: &GroupInspector, options: &BenchOptions) -> Result<(), DevError> {
+    for partition in 0..options.partitions {
+        let (low, _) = inspector.watermarks(TOPIC, partition, Duration::from_secs(5))?;
+        if low > 0 {
+            return Err(DevError::Bench(format!(
+                "partition {partition} dropped its first {low} records (the embedded broker keeps \
+                 5 MiB per partition): use more --partitions"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The benchmark's own databases on the configured server, dropped at the end.
+struct BenchDatabases {
+    server: tokio_postgres::Config,
+    run_id: String,
+    keep: bool,
+    created: Mutex<Vec<String>>,
+}
+
+impl BenchDatabases {
+    fn new(server: &tokio_postgres::Config, run_id: &str, keep: bool) -> Self {
+        BenchDatabases {
+            server: server.clone(),
+            run_id: run_id.to_owned(),
+            keep,
+            created: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A fresh database; the server is checkpointed first, so that no phase pays for the
+    /// dirty pages of the one before.
+    async fn create(&self, purpose: &str) -> Result<tokio_postgres::Config, DevError> {
+        let name = format!("history_bench_{}_{purpose}", self.run_id);
+        let mut config = self.server.clone();
+        config.dbname(&name);
+        migrate::create_database_if_missing(&Database::plain(config.clone())).await?;
+        self.created.lock().unwrap().push(name);
+        if let Ok(client) = Database::plain(config.clone()).connect().await {
+            // Needs a superuser or pg_checkpoint; without it the phases just share the noise.
+            let _ = client.batch_execute("CHECKPOINT").await;
+        }
+        Ok(config)
+    }
+
+    async fn drop_all(&self) {
+        let names = std::mem::take(&mut *self.created.lock().unwrap());
+        if self.keep {
+            eprintln!("kept databases: {}", names.join(", "));
+            return;
+        }
+        let mut admin = self.server.clone();
+        admin.dbname("postgres");
+        if let Ok(client) = Database::plain(admin).connect().await {
+            for name in names {
+                let _ = client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+            }
+        }
+    }
+}
+
+fn url_of(config: &tokio_postgres::Config, settings: &Settings) -> String {
+    // The server's address with the benchmark's database; a password, if any, comes from the
+    // configured URL and is passed on unchanged.
+    let mut url = url::Url::parse(settings.database.url.expose_secret())
+        .unwrap_or_else(|_| url::Url::parse("postgres://postgres@127.0.0.1:5432/x").unwrap());
+    if let Some(tokio_postgres::config::Host::Tcp(host)) = config.get_hosts().first() {
+        let _ = url.set_host(Some(host));
+    }
+    if let Some(port) = config.get_ports().first() {
+        let _ = url.set_port(Some(*port));
+    }
+    url.set_path(config.get_dbname().unwrap_or("history"));
+    url.to_string()
+}
+
+/// A `history-service run` child process with its stderr watched line by line.
+struct ServiceChild {
+    child: std::process::Child,
+    lines: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl ServiceChild {
+    fn spawn(env: Vec<(String, String)>) -> Result<Self, DevError> {
+        let exe = std::env::current_exe()
+            .map_err(|err| DevError::Bench(format!("cannot find my own binary: {err}")))?;
+        let mut child = Command::new(exe)
+            .arg("run")
+            .envs(env)
+            .env_remove("HISTORY_CONFIG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|err| DevError::Bench(format!("cannot start the service: {err}")))?;
+        let stderr = child.stderr.take().expect("piped");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push((Instant::now(), line));
+            }
+        });
+        Ok(ServiceChild { child, lines })
+    }
+
+    /// When a line containing `needle` was logged, if it was.
+    fn seen(&self, needle: &str) -> Option<Instant> {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, line)| line.contains(needle))
+            .map(|(at, _)| *at)
+    }
+
+    fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    fn log_tail(&self) -> String {
+        let lines = self.lines.lock().unwrap();
+        let start = lines.len().saturating_sub(20);
+        lines[start..]
+            .iter()
+            .map(|(_, line)| line.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Peak resident set size so far, in MB (VmHWM).
+    fn peak_rss_mb(&self) -> f64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|status| {
+                status.lines().find_map(|line| {
+                    let kb = line.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?;
+                    kb.trim().parse::<f64>().ok()
+                })
+            })
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+
+    fn stop(mut self) {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.exited() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn service_env(
+    settings: &Settings,
+    options: &BenchOptions,
+    brokers: &str,
+    database: &tokio_postgres::Config,
+    group: &str,
+    topic: &str,
+) -> Vec<(String, String)> {
+    [
+        ("HISTORY__DATABASE__URL", url_of(database, settings)),
+        ("HISTORY__KAFKA__BROKERS", brokers.to_owned()),
+        ("HISTORY__KAFKA__GROUP_ID", group.to_owned()),
+        ("HISTORY__KAFKA__TOPICS", topic.to_owned()),
+        ("HISTORY__PIPELINE__WRITERS", options.writers.to_string()),
+        (
+            "HISTORY__DATABASE__POOL_SIZE",
+            (options.writers + 2)
+                .max(settings.database.pool_size as usize)
+                .to_string(),
+        ),
+        (
+            "HISTORY__PIPELINE__BATCH_MAX_EVENTS",
+            options.batch.to_string(),
+        ),
+        // Frequent commits so the final one follows the last write closely.
+        ("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", "50".to_owned()),
+        // The embedded broker holds an empty fetch for the whole wait even when records arrive
+        // (Kafka answers at once), so a short wait keeps it from dominating the latency.
+        ("HISTORY__KAFKA__FETCH_WAIT_MAX_MS", "5".to_owned()),
+        ("HISTORY__HTTP__ENABLED", "false".to_owned()),
+        ("HISTORY__LOG__FORMAT", "human".to_owned()),
+        ("HISTORY__LOG__FILTER", "info".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+async fn measure_service(
+    settings: &Settings,
+    options: &BenchOptions,
+    brokers: &str,
+    database: &tokio_postgres::Config,
+    ends: &[i64],
+    run_id: &str,
+) -> Result<(Rate, f64), DevError> {
+    let group = format!("bench-service-{run_id}");
+    let mut child = ServiceChild::spawn(service_env(
+        settings, options, brokers, database, &group, TOPIC,
+    ))?;
+    let inspector = GroupInspector::new(brokers, &group)?;
+    let deadline = Instant::now() + options.timeout;
+    let expected: Vec<Option<i64>> = ends.iter().map(|&e| (e > 0).then_some(e)).collect();
+    let mut peak = 0.0f64;
+    let finished = loop {
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+        peak = peak.max(child.peak_rss_mb());
+        if child.exited() || Instant::now() > deadline {
+            let tail = child.log_tail();
+            child.stop();
+            return Err(DevError::Bench(format!(
+                "the service did not drain the backlog:\n{tail}"
+            )));
+        }
+        let committed = inspector.committed(TOPIC, options.partitions, Duration::from_secs(2));
+        if committed.ok().as_ref() == Some(&expected) {
+            break Instant::now();
+        }
+    };
+    peak = peak.max(child.peak_rss_mb());
+    let started = child
+        .seen("first records fetched")
+        .ok_or_else(|| DevError::Bench("the service never logged its first fetch".into()))?;
+    child.stop();
+    Ok((
+        Rate {
+            events: options.events,
+            elapsed: finished - started,
+        },
+        peak,
+    ))
+}
+
+async fn measure_ceiling(
+    database: &tokio_postgres::Config,
+    records: &[PlannedRecord],
+    options: &BenchOptions,
+) -> Result<Rate, DevError> {
+    let db = Database::plain(database.clone());
+    let mut client = db.connect().await?;
+    migrate::run_migrations(&mut client).await?;
+    let events: Vec<HistoryEvent> = records
+        .iter()
+        .filter_map(|r| HistoryEvent::decode(r.payload.as_deref(), usize::MAX).ok())
+        .collect();
+    let batch = options.batch;
+    let writers = options.writers;
+    let pool = db.pool(writers as u32, Duration::from_secs(10));
+    // Warm the connections (and their prepared statements) outside the measurement.
+    {
+        let mut warm = Vec::new();
+        for _ in 0..writers {
+            let mut conn = pool
+                .get_owned()
+                .await
+                .map_err(crate::store::StoreError::from)?;
+            conn.statements()
+                .await
+                .map_err(crate::store::StoreError::from)?;
+            warm.push(conn);
+        }
+    }
+    let events = Arc::new(events);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..writers)
+        .map(|_| {
+            let (events, next, pool) = (events.clone(), next.clone(), pool.clone());
+            tokio::spawn(async move {
+                let repository = PgHistoryRepository::new(pool);
+                loop {
+                    let start = next.fetch_add(batch, std::sync::atomic::Ordering::Relaxed);
+                    if start >= events.len() {
+                        return Ok::<(), crate::store::StoreError>(());
+                    }
+                    let end = (start + batch).min(events.len());
+                    let refs: Vec<&HistoryEvent> = events[start..end].iter().collect();
+                    process_history_batch(&repository, &refs).await?;
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("ceiling worker")?;
+    }
+    Ok(Rate {
+        events: records.len(),
+        elapsed: started.elapsed(),
+    })
+}
+
+async fn measure_naive(
+    database: &tokio_postgres::Config,
+    brokers: &str,
+    options: &BenchOptions,
+    run_id: &str,
+) -> Result<Rate, DevError> {
+    let db = Database::plain(database.clone());
+    let mut client = db.connect().await?;
+    migrate::run_migrations(&mut client).await?;
+    let repository = PgHistoryRepository::new(db.pool(1, Duration::from_secs(10)));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-naive-{run_id}"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&[TOPIC])?;
+    let limit = options.naive_events.min(options.events);
+    let mut processed = 0;
+    let mut started = None;
+    let deadline = Instant::now() + options.timeout;
+    while processed < limit {
+        if Instant::now() > deadline {
+            return Err(DevError::Bench("the naive consumer stalled".into()));
+        }
+        // A short poll: this is the naive consumer's own thread of control.
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message?;
+        started.get_or_insert_with(Instant::now);
+        if let Ok(event) = HistoryEvent::decode(message.payload(), usize::MAX) {
+            if let Outcome::Unknown(err) = process_history_once(&repository, &event).await {
+                return Err(err.into());
+            }
+        }
+        consumer.commit_message(&message, CommitMode::Sync)?;
+        processed += 1;
+    }
+    Ok(Rate {
+        events: processed,
+        elapsed: started.map_or(Duration::ZERO, |s| s.elapsed()),
+    })
+}
+
+async fn measure_latency(
+    settings: &Settings,
+    options: &BenchOptions,
+    brokers: &str,
+    database: &tokio_postgres::Config,
+    run_id: &str,
+) -> Result<Latency, DevError> {
+    let db = Database::plain(database.clone());
+    let mut client = db.connect().await?;
+    migrate::run_migrations(&mut client).await?;
+    // The benchmark's probe, not part of the product's schema: every committed history row
+    // notifies its event_id.
+    client
+        .batch_execute(
+            "CREATE FUNCTION bench_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_notify('history_bench', NEW.event_id); RETURN NULL; END $$;
+             CREATE TRIGGER bench_notify AFTER INSERT ON history_events
+             FOR EACH ROW EXECUTE FUNCTION bench_notify();",
+        )
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let listener = listen(database, committed.clone()).await?;
+
+    let group = format!("bench-latency-{run_id}");
+    let mut child = ServiceChild::spawn(service_env(
+        settings,
+        options,
+        brokers,
+        database,
+        &group,
+        LATENCY_TOPIC,
+    ))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.seen("partitions assigned").is_none() {
+        if child.exited() || Instant::now() > deadline {
+            let tail = child.log_tail();
+            child.stop();
+            return Err(DevError::Bench(format!(
+                "the service did not join:\n{tail}"
+            )));
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let total = options.latency_rate as usize * options.latency_seconds as usize;
+    let sent = {
+        let (brokers, rate, run_id) = (brokers.to_owned(), options.latency_rate, run_id.to_owned());
+        tokio::task::spawn_blocking(move || produce_paced(&brokers, &run_id, total, rate))
+            .await
+            .expect("latency producer")?
+    };
+    let wait_until = Instant::now() + Duration::from_secs(30);
+    while committed.lock().unwrap().len() < total && Instant::now() < wait_until {
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.stop();
+    listener.abort();
+
+    let committed = committed.lock().unwrap();
+    // The first second warms up connections and caches; it is not the steady state.
+    let warm_up = options.latency_rate as usize;
+    let mut latencies: Vec<f64> = sent
+        .iter()
+        .skip(warm_up.min(sent.len() / 2))
+        .filter_map(|(id, at)| {
+            committed
+                .get(id)
+                .map(|done| (*done - *at).as_secs_f64() * 1e3)
+        })
+        .collect();
+    if latencies.is_empty() {
+        return Err(DevError::Bench("no latency sample arrived".into()));
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
+    Ok(Latency {
+        samples: latencies.len(),
+        p50_ms: at(0.50),
+        p99_ms: at(0.99),
+        max_ms: *latencies.last().unwrap(),
+    })
+}
+
+/// LISTENs for the probe's notifications, recording when each event's row was committed.
+async fn listen(
+    database: &tokio_postgres::Config,
+    committed: Arc<Mutex<HashMap<String, Instant>>>,
+) -> Result<tokio::task::JoinHandle<()>, DevError> {
+    let (client, mut connection) = database
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    let handle = tokio::spawn(async move {
+        let client = client;
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        let listening = client.batch_execute("LISTEN history_bench");
+        futures::pin_mut!(listening);
+        let mut listening = Some(listening);
+        loop {
+            if let Some(pending) = listening.as_mut() {
+                tokio::select! {
+                    _ = pending => listening = None,
+                    message = futures::StreamExt::next(&mut messages) => {
+                        if !record(message, &committed) { return; }
+                    }
+                }
+            } else {
+                let message = futures::StreamExt::next(&mut messages).await;
+                if !record(message, &committed) {
+                    return;
+                }
+            }
+        }
+    });
+    // Give LISTEN a moment to be registered before anything is produced.
+    actix_rt::time::sleep(Duration::from_millis(200)).await;
+    Ok(handle)
+}
+
+fn record(
+    message: Option<Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>>,
+    committed: &Mutex<HashMap<String, Instant>>,
+) -> bool {
+    match message {
+        Some(Ok(tokio_postgres::AsyncMessage::Notification(note))) => {
+            committed
+                .lock()
+                .unwrap()
+                .insert(note.payload().to_owned(), Instant::now());
+            true
+        }
+        Some(Ok(_)) => true,
+        _ => false,
+    }
+}
+
+/// Produces `total` events at `rate` per second; returns each event's id and send time.
+fn produce_paced(
+    brokers: &str,
+    run_id: &str,
+    total: usize,
+    rate: u32,
+) -> Result<Vec<(String, Instant)>, DevError> {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "1")
+        .create()?;
+    let started = Instant::now();
+    let mut sent = Vec::with_capacity(total);
+    for n in 0..total {
+        let due = started + Duration::from_secs_f64(n as f64 / f64::from(rate));
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let event_id = format!("latency-{run_id}-{n}");
+        let ticket = format!("ticket-{}", n % 1000);
+        let payload =
+            workload::event_payload(&event_id, &ticket, "open", "closed", chrono::Utc::now());
+        let record = BaseRecord::<[u8], [u8]>::to(LATENCY_TOPIC)
+            .key(ticket.as_bytes())
+            .payload(&payload);
+        let at = Instant::now();
+        producer
+            .send(record)
+            .map_err(|(err, _)| DevError::Kafka(err))?;
+        sent.push((event_id, at));
+    }
+    producer.flush(Duration::from_secs(30))?;
+    Ok(sent)
+}
