@@ -95,6 +95,30 @@ pub struct ThrowawayCluster {
 }
 
 impl ThrowawayCluster {
+    /// Starts a cluster with the newest PostgreSQL binaries installed.
+    pub fn start_installed() -> Result<Self, DevPostgresError> {
+        let bin = find_binaries().ok_or(DevPostgresError::Unavailable {
+            target: "a throwaway cluster".into(),
+        })?;
+        Self::start(&bin)
+    }
+
+    /// The URL of a database on this cluster, over TCP.
+    pub fn url(&self, dbname: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{dbname}", self.port)
+    }
+
+    /// Restarts the server (a fast shutdown: sessions are cut, committed work is kept).
+    pub fn restart(&self) -> Result<(), DevPostgresError> {
+        let data = self.dir.join("data").display().to_string();
+        // The log file again: without it the server would write to (and hold open) our pipe.
+        let log = self.dir.join("log").display().to_string();
+        self.run(
+            "pg_ctl",
+            &["-D", &data, "-l", &log, "-m", "fast", "-w", "restart"],
+        )
+    }
+
     fn start(bin: &Path) -> Result<Self, DevPostgresError> {
         let fail = |what: &str, err: &dyn std::fmt::Display| {
             DevPostgresError::Throwaway(format!("{what}: {err}"))

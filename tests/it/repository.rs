@@ -282,3 +282,31 @@ async fn a_database_that_does_not_answer_makes_begin_fail_with_unavailable() {
         "{outcome:?}"
     );
 }
+
+#[actix_rt::test]
+async fn a_batch_whose_commit_fails_is_unknown_for_every_event_and_leaves_nothing() {
+    let db = TestDb::migrated().await;
+    // Checked only at COMMIT: one history row per ticket.
+    db.client()
+        .await
+        .batch_execute(
+            "ALTER TABLE history_events ADD CONSTRAINT one_row_per_ticket UNIQUE (ticket_id) \
+             DEFERRABLE INITIALLY DEFERRED",
+        )
+        .await
+        .unwrap();
+    let repo = PgHistoryRepository::new(db.pool(2));
+    let (a, b) = (seed_900(), seed_901()); // both on ticket-42
+    let outcome = process_history_batch(&repo, &[&a, &b]).await;
+    match outcome {
+        Err(StoreError::Db(err)) => assert_eq!(err.code(), Some(&SqlState::UNIQUE_VIOLATION)),
+        other => panic!("expected every event Unknown with the commit's error, got {other:?}"),
+    }
+    assert_eq!(db.count("inbox").await, 0, "nothing of the batch is kept");
+    assert_eq!(db.count("history_events").await, 0);
+    // Each alone commits fine: the retry of the same events resolves them.
+    assert_eq!(
+        process_history_batch(&repo, &[&a]).await.unwrap(),
+        vec![Resolution::Applied]
+    );
+}

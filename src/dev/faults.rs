@@ -1,0 +1,222 @@
+//! Fault injection into the embedded broker, driven by text commands (one per line on
+//! `dev-kafka`'s standard input), so that tests and operators rehearsing failures can break the
+//! broker from outside the process:
+//!
+//! ```text
+//! broker-down 2                      # disconnect broker 2 and refuse new connections
+//! broker-up 2
+//! request-errors fetch 5 not-leader  # the next 5 Fetch requests fail with that error
+//! clear-errors fetch
+//! rtt 1 250                          # broker 1 answers 250 ms late (0 to clear)
+//! ```
+
+use std::time::Duration;
+
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+use super::broker::EmbeddedBroker;
+
+/// One fault to inject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    BrokerDown(i32),
+    BrokerUp(i32),
+    RequestErrors {
+        api: &'static str,
+        count: usize,
+        error: &'static str,
+    },
+    ClearErrors(&'static str),
+    RoundTrip {
+        broker: i32,
+        delay_ms: u64,
+    },
+}
+
+const APIS: [(&str, RDKafkaApiKey); 10] = [
+    ("produce", RDKafkaApiKey::Produce),
+    ("fetch", RDKafkaApiKey::Fetch),
+    ("list-offsets", RDKafkaApiKey::ListOffsets),
+    ("metadata", RDKafkaApiKey::Metadata),
+    ("offset-commit", RDKafkaApiKey::OffsetCommit),
+    ("offset-fetch", RDKafkaApiKey::OffsetFetch),
+    ("find-coordinator", RDKafkaApiKey::FindCoordinator),
+    ("join-group", RDKafkaApiKey::JoinGroup),
+    ("heartbeat", RDKafkaApiKey::Heartbeat),
+    ("sync-group", RDKafkaApiKey::SyncGroup),
+];
+
+const ERRORS: [(&str, RDKafkaRespErr); 8] = [
+    ("transport", RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT),
+    (
+        "not-leader",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+    ),
+    (
+        "leader-not-available",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+    ),
+    (
+        "coordinator-not-available",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE,
+    ),
+    (
+        "not-coordinator",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+    ),
+    (
+        "request-timed-out",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+    ),
+    (
+        "unknown-member",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID,
+    ),
+    (
+        "rebalance-in-progress",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS,
+    ),
+];
+
+/// Request kinds that `request-errors` accepts.
+pub fn api_names() -> impl Iterator<Item = &'static str> {
+    APIS.iter().map(|(name, _)| *name)
+}
+
+/// Error names that `request-errors` accepts.
+pub fn error_names() -> impl Iterator<Item = &'static str> {
+    ERRORS.iter().map(|(name, _)| *name)
+}
+
+fn api(name: &str) -> Result<(&'static str, RDKafkaApiKey), String> {
+    APIS.iter()
+        .find(|(known, _)| *known == name)
+        .copied()
+        .ok_or_else(|| {
+            format!(
+                "unknown request kind {name:?}; one of: {}",
+                api_names().collect::<Vec<_>>().join(", ")
+            )
+        })
+}
+
+fn error(name: &str) -> Result<(&'static str, RDKafkaRespErr), String> {
+    ERRORS
+        .iter()
+        .find(|(known, _)| *known == name)
+        .copied()
+        .ok_or_else(|| {
+            format!(
+                "unknown error {name:?}; one of: {}",
+                error_names().collect::<Vec<_>>().join(", ")
+            )
+        })
+}
+
+fn number<T: std::str::FromStr>(word: Option<&str>, what: &str) -> Result<T, String> {
+    word.ok_or_else(|| format!("missing {what}"))?
+        .parse()
+        .map_err(|_| format!("{what} must be a number"))
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    fn from_str(line: &str) -> Result<Self, String> {
+        let mut words = line.split_whitespace();
+        let command = words.next().ok_or("empty command")?;
+        let fault = match command {
+            "broker-down" => Fault::BrokerDown(number(words.next(), "broker id")?),
+            "broker-up" => Fault::BrokerUp(number(words.next(), "broker id")?),
+            "request-errors" => {
+                let (api, _) = api(words.next().ok_or("missing request kind")?)?;
+                let count = number(words.next(), "count")?;
+                let (error, _) = error(words.next().ok_or("missing error name")?)?;
+                Fault::RequestErrors { api, count, error }
+            }
+            "clear-errors" => {
+                Fault::ClearErrors(api(words.next().ok_or("missing request kind")?)?.0)
+            }
+            "rtt" => Fault::RoundTrip {
+                broker: number(words.next(), "broker id")?,
+                delay_ms: number(words.next(), "delay in ms")?,
+            },
+            other => return Err(format!("unknown command {other:?}")),
+        };
+        match words.next() {
+            Some(extra) => Err(format!("unexpected {extra:?} after the command")),
+            None => Ok(fault),
+        }
+    }
+}
+
+impl Fault {
+    /// Applies the fault to the broker.
+    pub fn apply(&self, broker: &EmbeddedBroker) -> Result<(), String> {
+        let cluster = broker.cluster();
+        let result = match self {
+            Fault::BrokerDown(id) => cluster.broker_down(*id),
+            Fault::BrokerUp(id) => cluster.broker_up(*id),
+            Fault::RequestErrors {
+                api: name,
+                count,
+                error: code,
+            } => {
+                let (_, key) = api(name)?;
+                let (_, code) = error(code)?;
+                cluster.request_errors(key, &vec![code; *count]);
+                Ok(())
+            }
+            Fault::ClearErrors(name) => {
+                cluster.clear_request_errors(api(name)?.1);
+                Ok(())
+            }
+            Fault::RoundTrip { broker, delay_ms } => {
+                cluster.broker_round_trip_time(*broker, Duration::from_millis(*delay_ms))
+            }
+        };
+        result.map_err(|err| err.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_into_faults() {
+        assert_eq!("broker-down 2".parse(), Ok(Fault::BrokerDown(2)));
+        assert_eq!(" broker-up  1 ".parse(), Ok(Fault::BrokerUp(1)));
+        assert_eq!(
+            "request-errors offset-commit 3 coordinator-not-available".parse(),
+            Ok(Fault::RequestErrors {
+                api: "offset-commit",
+                count: 3,
+                error: "coordinator-not-available"
+            })
+        );
+        assert_eq!(
+            "clear-errors fetch".parse(),
+            Ok(Fault::ClearErrors("fetch"))
+        );
+        assert_eq!(
+            "rtt 1 250".parse(),
+            Ok(Fault::RoundTrip {
+                broker: 1,
+                delay_ms: 250
+            })
+        );
+    }
+
+    #[test]
+    fn bad_commands_say_what_is_wrong() {
+        let err = |line: &str| line.parse::<Fault>().unwrap_err();
+        assert!(err("").contains("empty"));
+        assert!(err("reboot").contains("unknown command"));
+        assert!(err("broker-down").contains("broker id"));
+        assert!(err("broker-down two").contains("number"));
+        assert!(err("request-errors fetchh 1 transport").contains("one of: produce, fetch"));
+        assert!(err("request-errors fetch 1 oops").contains("one of: transport"));
+        assert!(err("broker-up 1 now").contains("unexpected"));
+    }
+}
