@@ -45,7 +45,7 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
                 target: target.clone(),
             })?;
             info!(%target, "PostgreSQL does not answer: starting a throwaway cluster");
-            let cluster = ThrowawayCluster::start(&bin)?;
+            let cluster = ThrowawayCluster::start(&bin, &[])?;
             let mut local = tokio_postgres::Config::new();
             local
                 .host("127.0.0.1")
@@ -95,12 +95,13 @@ pub struct ThrowawayCluster {
 }
 
 impl ThrowawayCluster {
-    /// Starts a cluster with the newest PostgreSQL binaries installed.
-    pub fn start_installed() -> Result<Self, DevPostgresError> {
+    /// Starts a cluster with the newest PostgreSQL binaries installed, with extra server
+    /// settings (`name=value`, as for `postgres -c`).
+    pub fn start_installed(settings: &[&str]) -> Result<Self, DevPostgresError> {
         let bin = find_binaries().ok_or(DevPostgresError::Unavailable {
             target: "a throwaway cluster".into(),
         })?;
-        Self::start(&bin)
+        Self::start(&bin, settings)
     }
 
     /// The URL of a database on this cluster, over TCP.
@@ -119,7 +120,7 @@ impl ThrowawayCluster {
         )
     }
 
-    fn start(bin: &Path) -> Result<Self, DevPostgresError> {
+    fn start(bin: &Path, settings: &[&str]) -> Result<Self, DevPostgresError> {
         let fail = |what: &str, err: &dyn std::fmt::Display| {
             DevPostgresError::Throwaway(format!("{what}: {err}"))
         };
@@ -158,10 +159,13 @@ impl ThrowawayCluster {
                 "--no-sync",
             ],
         )?;
-        let options = format!(
+        let mut options = format!(
             "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
             cluster.dir.display()
         );
+        for setting in settings {
+            options.push_str(&format!(" -c {setting}"));
+        }
         cluster.run(
             "pg_ctl",
             &[

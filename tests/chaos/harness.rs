@@ -85,8 +85,11 @@ pub fn schedule(
     }
     let mut at = |from: f64, to: f64| duration.mul_f64(rng.random_range(from..to));
     plan.push((at(0.3, 0.6), Action::RestartPostgres));
-    plan.push((at(0.1, 0.8), Action::TerminateBackends));
-    plan.push((at(0.1, 0.8), Action::TerminateBackends));
+    // Sessions cut about every three seconds: each may land inside a transaction.
+    let terminations = (duration.as_secs() / 3).max(2);
+    for _ in 0..terminations {
+        plan.push((at(0.05, 0.85), Action::TerminateBackends));
+    }
     let down_at = at(0.15, 0.7);
     let up_after = at(0.03, 0.08);
     let broker = 1 + (seed % 3) as i32;
@@ -157,8 +160,9 @@ impl Figures {
     }
 }
 
-/// A commit the service logged: (instance, partition, offset).
-type CommitSeen = (usize, i32, i64);
+/// A commit the service logged: (instance, partition, offset, when it was logged — after the
+/// broker confirmed it).
+type CommitSeen = (usize, i32, i64, chrono::DateTime<chrono::Utc>);
 
 /// Where the produced records landed, as the producer learns it.
 #[derive(Default)]
@@ -202,17 +206,33 @@ impl Chaos {
             .enable_all()
             .build()
             .unwrap();
-        let postgres =
-            ThrowawayCluster::start_installed().expect("a PostgreSQL cluster of our own");
+        // Commit timestamps let the checker tell when each row became durable.
+        let postgres = ThrowawayCluster::start_installed(&["track_commit_timestamp=on"])
+            .expect("a PostgreSQL cluster of our own");
         let admin_url = postgres.url("postgres");
+        let database_url = postgres.url("chaos");
         runtime.block_on(async {
             let (client, connection) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
                 .await
                 .unwrap();
             tokio::spawn(connection);
             client.batch_execute("CREATE DATABASE chaos").await.unwrap();
+            let (mut client, connection) =
+                tokio_postgres::connect(&database_url, tokio_postgres::NoTls).await.unwrap();
+            tokio::spawn(connection);
+            history_service::store::migrate::run_migrations(&mut client).await.unwrap();
+            // A slow disk: every history insert takes 100 ms more, inside its transaction, so
+            // the writers spend most of their time mid-transaction and the faults land there.
+            client
+                .batch_execute(
+                    "CREATE FUNCTION chaos_slow_disk() RETURNS trigger LANGUAGE plpgsql AS $$
+                     BEGIN PERFORM pg_sleep(0.1); RETURN NULL; END $$;
+                     CREATE TRIGGER chaos_slow_disk AFTER INSERT ON history_events
+                     FOR EACH STATEMENT EXECUTE FUNCTION chaos_slow_disk();",
+                )
+                .await
+                .unwrap();
         });
-        let database_url = postgres.url("chaos");
 
         let mut broker = Command::new(&binary)
             .args([
@@ -316,7 +336,12 @@ impl Chaos {
                     Some("offset committed") => {
                         let partition = entry["partition"].as_i64().unwrap() as i32;
                         let offset = entry["offset"].as_i64().unwrap();
-                        let _ = commits.send((n, partition, offset));
+                        let at = entry["timestamp"]
+                            .as_str()
+                            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                            .expect("log lines carry an RFC 3339 timestamp")
+                            .to_utc();
+                        let _ = commits.send((n, partition, offset, at));
                     }
                     Some("partitions assigned") | Some("partitions revoked") => {
                         rebalances.fetch_add(1, Ordering::Relaxed);
@@ -637,8 +662,9 @@ fn spawn_producer(
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let started = Instant::now();
-        let slices = 20;
-        let size = records.len().div_ceil(slices);
+        // Small slices, four a second: a steady stream rather than a few bursts.
+        let slices = ((over.as_secs_f64() * 4.0) as usize).max(20);
+        let size = records.len().div_ceil(slices).max(1);
         for (slice, chunk) in records.chunks(size).enumerate() {
             let due = started + over.mul_f64(slice as f64 / slices as f64);
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
@@ -698,7 +724,7 @@ fn spawn_checker(
             }
             pending.extend(feed.try_iter());
             let mut retry = Vec::new();
-            for (instance, partition, offset) in pending.drain(..) {
+            for (instance, partition, offset, at) in pending.drain(..) {
                 let from = verified[partition as usize];
                 if offset <= from {
                     checked += 1;
@@ -718,15 +744,16 @@ fn spawn_checker(
                 };
                 if (wanted.len() as i64) < offset - from && !stopping.load(Ordering::Relaxed) {
                     // Deliveries not all reported yet: look again shortly.
-                    retry.push((instance, partition, offset));
+                    retry.push((instance, partition, offset, at));
                     continue;
                 }
-                match runtime.block_on(missing(&mut client, &database_url, partition, &wanted)) {
-                    Ok(missing) => {
-                        for offset_missing in missing {
+                match runtime.block_on(not_durable_at(&mut client, &database_url, partition, &wanted, at)) {
+                    Ok(late) => {
+                        for (offset_late, durable) in late {
                             violations.push(format!(
                                 "instance {instance} committed partition {partition} to {offset} \
-                                 while offset {offset_missing} was not recorded"
+                                 at {at} while offset {offset_late} was not recorded (durable: \
+                                 {durable:?})"
                             ));
                         }
                         verified[partition as usize] = offset;
@@ -735,7 +762,7 @@ fn spawn_checker(
                     // The database is restarting: the rows cannot have gone, check again later.
                     Err(_) => {
                         client = None;
-                        retry.push((instance, partition, offset));
+                        retry.push((instance, partition, offset, at));
                     }
                 }
             }
@@ -749,13 +776,15 @@ fn spawn_checker(
     Checker { handle, stop }
 }
 
-/// The offsets among `wanted` whose effect is not in the database.
-async fn missing(
+/// The offsets among `wanted` whose effect was not durable at `committed_at`: missing from the
+/// database, or committed there later (by the row's transaction commit timestamp).
+async fn not_durable_at(
     connection: &mut Option<tokio_postgres::Client>,
     database_url: &str,
     partition: i32,
     wanted: &[(i64, &PlannedRecord)],
-) -> Result<Vec<i64>, tokio_postgres::Error> {
+    committed_at: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)>, tokio_postgres::Error> {
     if connection.is_none() {
         let (client, driver) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
         tokio::spawn(driver);
@@ -773,33 +802,39 @@ async fn missing(
         }
     }
     let id_list: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
-    let present: HashSet<String> = client
+    let durable: HashMap<String, chrono::DateTime<chrono::Utc>> = client
         .query(
-            "SELECT h.event_id FROM history_events h JOIN inbox i USING (event_id) \
-             WHERE h.event_id = ANY($1)",
+            "SELECT h.event_id, pg_xact_commit_timestamp(h.xmin) FROM history_events h \
+             JOIN inbox i USING (event_id) WHERE h.event_id = ANY($1)",
             &[&id_list],
         )
         .await?
         .iter()
-        .map(|row| row.get(0))
+        .map(|row| (row.get(0), row.get(1)))
         .collect();
-    let stored: HashSet<i64> = client
+    let stored: HashMap<i64, chrono::DateTime<chrono::Utc>> = client
         .query(
-            "SELECT \"offset\" FROM dead_letters WHERE topic = $1 AND partition = $2 \
-             AND \"offset\" = ANY($3)",
+            "SELECT \"offset\", pg_xact_commit_timestamp(xmin) FROM dead_letters \
+             WHERE topic = $1 AND partition = $2 AND \"offset\" = ANY($3)",
             &[&TOPIC, &partition, &poison],
         )
         .await?
         .iter()
-        .map(|row| row.get(0))
+        .map(|row| (row.get(0), row.get(1)))
         .collect();
-    let mut missing: Vec<i64> = ids
+    let late = |at: Option<&chrono::DateTime<chrono::Utc>>| at.is_none_or(|at| *at > committed_at);
+    let mut found: Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)> = ids
         .iter()
-        .filter(|(_, id)| !present.contains(id))
-        .map(|(offset, _)| *offset)
+        .filter(|(_, id)| late(durable.get(id)))
+        .map(|(offset, id)| (*offset, durable.get(id).copied()))
         .collect();
-    missing.extend(poison.iter().filter(|o| !stored.contains(o)));
-    Ok(missing)
+    found.extend(
+        poison
+            .iter()
+            .filter(|offset| late(stored.get(offset)))
+            .map(|offset| (*offset, stored.get(offset).copied())),
+    );
+    Ok(found)
 }
 
 /// Waits until the group has committed the end of every partition; returns the ends.

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Shows that the chaos test catches broken builds. Each patch in scripts/mutants/ breaks one
+# rule of SPEC §3-4 (the inbox marker committed in its own transaction; the committer moving
+# past an unresolved offset). With the patch applied, the chaos test must fail; this script
+# exits non-zero if any mutant survives. Takes a few minutes per mutant.
+#
+#   scripts/chaos-mutants.sh            # every mutant, a fresh seed each
+#   HISTORY_CHAOS_SEED=42 scripts/chaos-mutants.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+if [ -z "${HISTORY_TEST_DATABASE_URL:-}" ]; then
+  scripts/ensure-postgres.sh
+fi
+work=$(mktemp -d /tmp/history-mutant-XXXXXX)
+cleanup() { git worktree remove --force "$work" >/dev/null 2>&1 || rm -rf "$work"; }
+trap cleanup EXIT
+git worktree add --detach "$work" HEAD >/dev/null
+# Shares the dependency builds with the normal target directory.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+
+survivors=0
+for patch in scripts/mutants/*.patch; do
+  name=$(basename "$patch" .patch)
+  log="$CARGO_TARGET_DIR/mutant-$name.log"
+  (cd "$work" && git checkout -q -- . && git apply "$root/$patch")
+  echo "== mutant $name (log: $log)"
+  if (cd "$work" && cargo test --test chaos kills_database -- --nocapture) >"$log" 2>&1; then
+    echo "   SURVIVED: the chaos test passed with this rule broken"
+    survivors=$((survivors + 1))
+  elif grep -q "violations\|events lost\|events recorded twice" "$log"; then
+    echo "   caught: $(grep -m1 -o 'lost [0-9]*  doubled [0-9]*  commit-order violations [0-9]*' "$log" || echo 'the invariants failed')"
+  else
+    echo "   the run failed for another reason; see the log"
+    survivors=$((survivors + 1))
+  fi
+done
+exit "$survivors"
