@@ -17,8 +17,9 @@ work=$(mktemp -d /tmp/history-mutant-XXXXXX)
 cleanup() { git worktree remove --force "$work" >/dev/null 2>&1 || rm -rf "$work"; }
 trap cleanup EXIT
 git worktree add --detach "$work" HEAD >/dev/null
-# Shares the dependency builds with the normal target directory.
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+# A target directory of its own: a mutant built into the normal one would look up to date
+# to cargo afterwards (same package, same metadata) and be tested in place of the real build.
+export CARGO_TARGET_DIR="${HISTORY_MUTANTS_TARGET_DIR:-$root/target/mutants}"
 
 survivors=0
 for patch in scripts/mutants/*.patch; do

@@ -15,12 +15,17 @@ use std::time::{Duration, Instant};
 use history_service::dev::group::GroupInspector;
 use history_service::dev::postgres::ThrowawayCluster;
 use history_service::dev::workload::{self, PlannedRecord, RecordKind, WorkloadSpec};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 pub const TOPIC: &str = "tickets.status.v1";
 pub const GROUP: &str = "history-chaos";
 pub const PARTITIONS: i32 = 6;
+/// The share of the run during which records are produced; the rest lets the service catch up.
+pub const PRODUCTION_SHARE: f64 = 0.7;
+/// The instances' `pipeline.max_payload_bytes`.
+const MAX_PAYLOAD: usize = 4096;
 
 /// How big a run is: the short mode runs in CI, the long one by `scripts/chaos.sh`.
 pub struct Scale {
@@ -169,6 +174,7 @@ type CommitSeen = (usize, i32, i64, chrono::DateTime<chrono::Utc>);
 pub struct Deliveries {
     pub by_index: Vec<Option<(i32, i64)>>,
     pub by_place: HashMap<(i32, i64), usize>,
+    pub failed: usize,
 }
 
 /// One `history-service run` process slot.
@@ -195,7 +201,9 @@ pub struct Chaos {
 }
 
 impl Chaos {
-    pub fn start(seed: u64, instances: usize) -> Chaos {
+    /// `rate` is the planned production rate, records per second: the slow disk is sized so
+    /// that the writers are busy about three quarters of the time.
+    pub fn start(seed: u64, instances: usize, rate: f64) -> Chaos {
         let binary = PathBuf::from(
             std::env::var("HISTORY_CHAOS_BIN")
                 .unwrap_or_else(|_| env!("CARGO_BIN_EXE_history-service").to_owned()),
@@ -221,15 +229,19 @@ impl Chaos {
                 tokio_postgres::connect(&database_url, tokio_postgres::NoTls).await.unwrap();
             tokio::spawn(connection);
             history_service::store::migrate::run_migrations(&mut client).await.unwrap();
-            // A slow disk: every history insert takes 100 ms more, inside its transaction, so
-            // the writers spend most of their time mid-transaction and the faults land there.
+            // A slow, uneven disk: each history row costs a random few milliseconds inside its
+            // transaction, sized so that the writers are busy about three quarters of the time.
+            // Faults then mostly land mid-transaction, and writers finish out of step.
+            let writers = 2.0 * instances as f64;
+            let mean_seconds = 0.75 * writers / rate.max(1.0);
             client
-                .batch_execute(
+                .batch_execute(&format!(
                     "CREATE FUNCTION chaos_slow_disk() RETURNS trigger LANGUAGE plpgsql AS $$
-                     BEGIN PERFORM pg_sleep(0.1); RETURN NULL; END $$;
+                     BEGIN PERFORM pg_sleep(random() * {}); RETURN NULL; END $$;
                      CREATE TRIGGER chaos_slow_disk AFTER INSERT ON history_events
-                     FOR EACH STATEMENT EXECUTE FUNCTION chaos_slow_disk();",
-                )
+                     FOR EACH ROW EXECUTE FUNCTION chaos_slow_disk();",
+                    2.0 * mean_seconds
+                ))
                 .await
                 .unwrap();
         });
@@ -305,6 +317,8 @@ impl Chaos {
                     "300".into(),
                 ),
                 ("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "200".into()),
+                // Small oversized poison keeps a long run within the broker's retention.
+                ("HISTORY__PIPELINE__MAX_PAYLOAD_BYTES", MAX_PAYLOAD.to_string()),
                 ("HISTORY__HTTP__LISTEN", format!("127.0.0.1:{port}")),
                 ("HISTORY__LOG__FORMAT", "json".into()),
                 (
@@ -451,13 +465,14 @@ impl Chaos {
         let delivered = Arc::new(Mutex::new(Deliveries {
             by_index: vec![None; records.len()],
             by_place: HashMap::new(),
+            failed: 0,
         }));
         let producing_done = Arc::new(AtomicBool::new(false));
         let producer = spawn_producer(
             self.brokers.clone(),
             records.clone(),
             delivered.clone(),
-            duration.mul_f64(0.8),
+            duration.mul_f64(PRODUCTION_SHARE),
             producing_done.clone(),
         );
         let checker = spawn_checker(
@@ -661,27 +676,68 @@ fn spawn_producer(
     done: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
+        let producer: ThreadedProducer<Recorder> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "300000")
+            .create_with_context(Recorder(delivered))
+            .expect("producer");
+        // One record at a time at a steady rate: the writers stay busy for the whole run.
         let started = Instant::now();
-        // Small slices, four a second: a steady stream rather than a few bursts.
-        let slices = ((over.as_secs_f64() * 4.0) as usize).max(20);
-        let size = records.len().div_ceil(slices).max(1);
-        for (slice, chunk) in records.chunks(size).enumerate() {
-            let due = started + over.mul_f64(slice as f64 / slices as f64);
+        let pace = over.as_secs_f64() / records.len().max(1) as f64;
+        for (index, planned) in records.iter().enumerate() {
+            let due = started + Duration::from_secs_f64(pace * index as f64);
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            let landed = workload::produce(&brokers, TOPIC, chunk).expect("produce");
-            let mut delivered = delivered.lock().unwrap();
-            for place in landed {
-                let index = slice * size + place.index;
-                delivered.by_index[index] = Some((place.partition, place.offset));
-                delivered
-                    .by_place
-                    .insert((place.partition, place.offset), index);
+            let mut opaque = Box::new(index);
+            loop {
+                let mut record =
+                    BaseRecord::with_opaque_to(TOPIC, opaque).key(&planned.key[..]);
+                if let Some(payload) = &planned.payload {
+                    record = record.payload(&payload[..]);
+                }
+                if let Some(partition) = planned.partition {
+                    record = record.partition(partition);
+                }
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((_, record)) => {
+                        // The queue is full while a broker is down: wait and try again.
+                        opaque = record.delivery_opaque;
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
             }
         }
+        producer.flush(Duration::from_secs(300)).expect("every record delivered");
+        let failed = producer.context().0.lock().unwrap().failed;
+        assert_eq!(failed, 0, "records the producer could not deliver");
         done.store(true, Ordering::Relaxed);
     })
+}
+
+/// Notes where each record landed, as delivery reports arrive.
+struct Recorder(Arc<Mutex<Deliveries>>);
+
+impl rdkafka::ClientContext for Recorder {}
+
+impl rdkafka::producer::ProducerContext for Recorder {
+    type DeliveryOpaque = Box<usize>;
+
+    fn delivery(&self, result: &rdkafka::producer::DeliveryResult<'_>, index: Box<usize>) {
+        use rdkafka::Message;
+        let mut deliveries = self.0.lock().unwrap();
+        match result {
+            Ok(message) => {
+                let place = (message.partition(), message.offset());
+                deliveries.by_index[*index] = Some(place);
+                deliveries.by_place.insert(place, *index);
+            }
+            Err(_) => deliveries.failed += 1,
+        }
+    }
 }
 
 /// Checks every commit the instances logged: each record before the committed offset must
@@ -867,7 +923,7 @@ pub fn workload(records: usize, seed: u64) -> Vec<PlannedRecord> {
         partitions: PARTITIONS,
         id_prefix: format!("chaos-{seed}"),
         tickets: 300,
-        max_payload_bytes: 65536,
+        max_payload_bytes: MAX_PAYLOAD,
         seed,
     })
 }

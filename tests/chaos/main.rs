@@ -25,6 +25,11 @@ fn assert_clean(figures: &Figures) {
     assert!(figures.commits_checked > 0, "no commit was observed");
 }
 
+/// Records per second while producing.
+fn rate(scale: &Scale) -> f64 {
+    scale.records as f64 / scale.duration.mul_f64(harness::PRODUCTION_SHARE).as_secs_f64()
+}
+
 fn report(name: &str, text: &str) {
     if let Ok(dir) = std::env::var("HISTORY_CHAOS_REPORT_DIR") {
         let _ = std::fs::create_dir_all(&dir);
@@ -46,7 +51,7 @@ fn kills_database_restarts_and_broker_faults_lose_nothing_and_double_nothing() {
     );
     let records = harness::workload(scale.records, seed);
     let started = std::time::Instant::now();
-    let chaos = Chaos::start(seed, 1);
+    let chaos = Chaos::start(seed, 1, rate(&scale));
     let figures = chaos.run(records, plan, scale.duration);
     report("single-instance", &figures.render(seed, started.elapsed()));
     assert_clean(&figures);
@@ -68,7 +73,7 @@ fn three_instances_share_six_partitions_through_a_kill_and_a_restart() {
     ];
     let records = harness::workload(scale.records, seed.wrapping_add(1));
     let started = std::time::Instant::now();
-    let chaos = Chaos::start(seed, 3);
+    let chaos = Chaos::start(seed, 3, rate(&scale));
     let figures = chaos.run(records, plan, scale.duration);
     report("three-instances", &figures.render(seed, started.elapsed()));
     assert_clean(&figures);
