@@ -21,6 +21,7 @@ git worktree add --detach "$work" HEAD >/dev/null
 # to cargo afterwards (same package, same metadata) and be tested in place of the real build.
 export CARGO_TARGET_DIR="${HISTORY_MUTANTS_TARGET_DIR:-$root/target/mutants}"
 
+mkdir -p "$CARGO_TARGET_DIR"
 survivors=0
 for patch in scripts/mutants/*.patch; do
   name=$(basename "$patch" .patch)

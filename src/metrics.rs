@@ -22,6 +22,7 @@ pub const COMMITTED_OFFSET: &str = "history_committed_offset";
 pub const CONSUMER_LAG: &str = "history_consumer_lag";
 pub const IN_FLIGHT: &str = "history_in_flight";
 pub const ASSIGNED_PARTITIONS: &str = "history_assigned_partitions";
+pub const PARTITION_PAUSES_TOTAL: &str = "history_partition_pauses_total";
 
 /// Outcome classes, as the `outcome` label of `history_events_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,7 @@ pub struct Stats {
     pub retries: AtomicU64,
     pub rebalances: AtomicU64,
     pub commits: AtomicU64,
+    pub pauses: AtomicU64,
     /// When the first record was fetched: throughput is measured from here.
     pub first_fetch: std::sync::OnceLock<std::time::Instant>,
 }
@@ -71,6 +73,7 @@ pub struct StatsSnapshot {
     pub retries: u64,
     pub rebalances: u64,
     pub commits: u64,
+    pub pauses: u64,
 }
 
 impl StatsSnapshot {
@@ -97,6 +100,7 @@ impl Stats {
             retries: get(&self.retries),
             rebalances: get(&self.rebalances),
             commits: get(&self.commits),
+            pauses: get(&self.pauses),
         }
     }
 
@@ -142,6 +146,12 @@ impl Stats {
     pub fn transaction(&self, elapsed: Duration, events: usize) {
         metrics::histogram!(TRANSACTION_SECONDS).record(elapsed.as_secs_f64());
         metrics::histogram!(BATCH_EVENTS).record(events as f64);
+    }
+
+    /// A partition's window filled up and its fetching was paused (backpressure).
+    pub fn pause(&self) {
+        self.pauses.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(PARTITION_PAUSES_TOTAL).increment(1);
     }
 
     pub fn retry(&self) {

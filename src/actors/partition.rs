@@ -151,6 +151,7 @@ impl PartitionActor {
     fn pause(&mut self) {
         if !self.paused {
             self.paused = true;
+            self.pipeline.stats().pause();
             debug!(tp = %self.tp, window = self.window.len, "window full: pausing");
             self.kafka.do_send(FlowControl::Pause {
                 tp: self.tp.clone(),
