@@ -253,6 +253,37 @@ impl ProducerContext for DeliveryCollector {
     }
 }
 
+/// Sends one planned record, its index as the delivery opaque, waiting while the producer's
+/// queue is full (a broker down, or a burst).
+pub fn send<C>(
+    producer: &ThreadedProducer<C>,
+    topic: &str,
+    planned: &PlannedRecord,
+    index: usize,
+) -> Result<(), KafkaError>
+where
+    C: ProducerContext<DeliveryOpaque = Box<usize>> + 'static,
+{
+    let mut opaque = Box::new(index);
+    loop {
+        let mut record = BaseRecord::with_opaque_to(topic, opaque).key(&planned.key[..]);
+        if let Some(payload) = &planned.payload {
+            record = record.payload(&payload[..]);
+        }
+        if let Some(partition) = planned.partition {
+            record = record.partition(partition);
+        }
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), record)) => {
+                opaque = record.delivery_opaque;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((err, _)) => return Err(err),
+        }
+    }
+}
+
 /// Produces the records (idempotent producer, acks=all) and waits for every delivery.
 /// Returns where each landed, in input order.
 pub fn produce(
@@ -273,24 +304,7 @@ pub fn produce(
         .set("queue.buffering.max.messages", "200000")
         .create_with_context(context)?;
     for (index, planned) in records.iter().enumerate() {
-        let mut opaque = Box::new(index);
-        loop {
-            let mut record = BaseRecord::with_opaque_to(topic, opaque).key(&planned.key[..]);
-            if let Some(payload) = &planned.payload {
-                record = record.payload(&payload[..]);
-            }
-            if let Some(partition) = planned.partition {
-                record = record.partition(partition);
-            }
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), record)) => {
-                    opaque = record.delivery_opaque;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err((err, _)) => return Err(err),
-            }
-        }
+        send(&producer, topic, planned, index)?;
     }
     producer.flush(Duration::from_secs(120))?;
     let context = producer.context();

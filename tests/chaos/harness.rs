@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use history_service::dev::group::GroupInspector;
 use history_service::dev::postgres::ThrowawayCluster;
 use history_service::dev::workload::{self, PlannedRecord, RecordKind, WorkloadSpec};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use rdkafka::producer::{Producer, ThreadedProducer};
 
 pub const TOPIC: &str = "tickets.status.v1";
 pub const GROUP: &str = "history-chaos";
@@ -226,9 +226,13 @@ impl Chaos {
             tokio::spawn(connection);
             client.batch_execute("CREATE DATABASE chaos").await.unwrap();
             let (mut client, connection) =
-                tokio_postgres::connect(&database_url, tokio_postgres::NoTls).await.unwrap();
+                tokio_postgres::connect(&database_url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
             tokio::spawn(connection);
-            history_service::store::migrate::run_migrations(&mut client).await.unwrap();
+            history_service::store::migrate::run_migrations(&mut client)
+                .await
+                .unwrap();
             // A slow, uneven disk: each history row costs a random few milliseconds inside its
             // transaction, sized so that the writers are busy about three quarters of the time.
             // Faults then mostly land mid-transaction, and writers finish out of step.
@@ -318,7 +322,10 @@ impl Chaos {
                 ),
                 ("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "200".into()),
                 // Small oversized poison keeps a long run within the broker's retention.
-                ("HISTORY__PIPELINE__MAX_PAYLOAD_BYTES", MAX_PAYLOAD.to_string()),
+                (
+                    "HISTORY__PIPELINE__MAX_PAYLOAD_BYTES",
+                    MAX_PAYLOAD.to_string(),
+                ),
                 ("HISTORY__HTTP__LISTEN", format!("127.0.0.1:{port}")),
                 ("HISTORY__LOG__FORMAT", "json".into()),
                 (
@@ -691,27 +698,11 @@ fn spawn_producer(
             if let Some(wait) = due.checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
-            let mut opaque = Box::new(index);
-            loop {
-                let mut record =
-                    BaseRecord::with_opaque_to(TOPIC, opaque).key(&planned.key[..]);
-                if let Some(payload) = &planned.payload {
-                    record = record.payload(&payload[..]);
-                }
-                if let Some(partition) = planned.partition {
-                    record = record.partition(partition);
-                }
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, record)) => {
-                        // The queue is full while a broker is down: wait and try again.
-                        opaque = record.delivery_opaque;
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                }
-            }
+            workload::send(&producer, TOPIC, planned, index).expect("send");
         }
-        producer.flush(Duration::from_secs(300)).expect("every record delivered");
+        producer
+            .flush(Duration::from_secs(300))
+            .expect("every record delivered");
         let failed = producer.context().0.lock().unwrap().failed;
         assert_eq!(failed, 0, "records the producer could not deliver");
         done.store(true, Ordering::Relaxed);
@@ -803,7 +794,13 @@ fn spawn_checker(
                     retry.push((instance, partition, offset, at));
                     continue;
                 }
-                match runtime.block_on(not_durable_at(&mut client, &database_url, partition, &wanted, at)) {
+                match runtime.block_on(not_durable_at(
+                    &mut client,
+                    &database_url,
+                    partition,
+                    &wanted,
+                    at,
+                )) {
                     Ok(late) => {
                         for (offset_late, durable) in late {
                             violations.push(format!(

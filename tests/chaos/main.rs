@@ -27,7 +27,11 @@ fn assert_clean(figures: &Figures) {
 
 /// Records per second while producing.
 fn rate(scale: &Scale) -> f64 {
-    scale.records as f64 / scale.duration.mul_f64(harness::PRODUCTION_SHARE).as_secs_f64()
+    scale.records as f64
+        / scale
+            .duration
+            .mul_f64(harness::PRODUCTION_SHARE)
+            .as_secs_f64()
 }
 
 fn report(name: &str, text: &str) {

@@ -252,3 +252,65 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// The topic the end-to-end tests use.
+pub const TOPIC: &str = "tickets.status.v1";
+
+/// Produces the records to [`TOPIC`]; returns where each landed.
+pub async fn produce(
+    brokers: &str,
+    records: &[history_service::dev::workload::PlannedRecord],
+) -> Vec<history_service::dev::workload::Delivered> {
+    let (brokers, records) = (brokers.to_owned(), records.to_vec());
+    tokio::task::spawn_blocking(move || {
+        history_service::dev::workload::produce(&brokers, TOPIC, &records)
+    })
+    .await
+    .unwrap()
+    .unwrap()
+}
+
+/// The end offset of each partition of [`TOPIC`], asking the broker.
+pub async fn topic_ends(brokers: &str, partitions: i32) -> Vec<i64> {
+    let brokers = brokers.to_owned();
+    tokio::task::spawn_blocking(move || {
+        history_service::dev::group::GroupInspector::new(&brokers, "inspector")
+            .unwrap()
+            .ends(TOPIC, partitions, std::time::Duration::from_secs(5))
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until the group's committed offsets equal `ends` (read by a separate client, as an
+/// operator would); returns them.
+pub async fn wait_committed(
+    brokers: &str,
+    group: &str,
+    ends: &[i64],
+    timeout: std::time::Duration,
+) -> Vec<Option<i64>> {
+    let inspector = std::sync::Arc::new(
+        history_service::dev::group::GroupInspector::new(brokers, group).unwrap(),
+    );
+    let deadline = std::time::Instant::now() + timeout;
+    let partitions = ends.len() as i32;
+    let expected: Vec<Option<i64>> = ends.iter().map(|&end| (end > 0).then_some(end)).collect();
+    loop {
+        let inspector = inspector.clone();
+        let committed = tokio::task::spawn_blocking(move || {
+            inspector.committed(TOPIC, partitions, std::time::Duration::from_secs(2))
+        })
+        .await
+        .unwrap();
+        if committed.as_ref().ok() == Some(&expected) {
+            return expected;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "group {group} not committed to {ends:?} within {timeout:?}: {committed:?}"
+        );
+        actix_rt::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

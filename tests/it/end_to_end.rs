@@ -2,48 +2,15 @@
 //! TCP), real producers, and PostgreSQL. Positions are read by a separate client.
 
 use std::io::{BufRead, BufReader, Write};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use history_service::dev::broker::EmbeddedBroker;
 use history_service::dev::group::GroupInspector;
 use history_service::dev::workload::{self, WorkloadSpec};
 
-use crate::common::{Child, TestDb, free_port, service_env, test_settings};
-
-const TOPIC: &str = "tickets.status.v1";
-
-/// Waits until the group's committed offsets equal `ends`; returns them.
-async fn committed_to_end(
-    brokers: &str,
-    group: &str,
-    ends: &[i64],
-    timeout: Duration,
-) -> Vec<Option<i64>> {
-    let inspector = Arc::new(GroupInspector::new(brokers, group).unwrap());
-    let deadline = Instant::now() + timeout;
-    let partitions = ends.len() as i32;
-    loop {
-        let inspector = inspector.clone();
-        let committed = tokio::task::spawn_blocking(move || {
-            inspector.committed(TOPIC, partitions, Duration::from_secs(2))
-        })
-        .await
-        .unwrap();
-        if let Ok(committed) = &committed {
-            let expected: Vec<Option<i64>> =
-                ends.iter().map(|&end| (end > 0).then_some(end)).collect();
-            if *committed == expected {
-                return committed.clone();
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "group {group} not committed to {ends:?} within {timeout:?}: {committed:?}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use crate::common::{
+    Child, TOPIC, TestDb, free_port, produce, service_env, test_settings, wait_committed,
+};
 
 fn ends_of(delivered: &[workload::Delivered], partitions: i32) -> Vec<i64> {
     (0..partitions)
@@ -58,21 +25,13 @@ fn ends_of(delivered: &[workload::Delivered], partitions: i32) -> Vec<i64> {
         .collect()
 }
 
-async fn produce(brokers: &str, records: Vec<workload::PlannedRecord>) -> Vec<workload::Delivered> {
-    let brokers = brokers.to_owned();
-    tokio::task::spawn_blocking(move || workload::produce(&brokers, TOPIC, &records))
-        .await
-        .unwrap()
-        .unwrap()
-}
-
 #[actix_rt::test]
 async fn the_service_records_the_seed_scenario_and_commits_the_group_to_the_end() {
     let db = TestDb::migrated().await;
     let broker = EmbeddedBroker::start(1).unwrap();
     broker.create_topic(TOPIC, 3).unwrap();
     let brokers = broker.bootstrap_servers();
-    let delivered = produce(&brokers, workload::seed_records()).await;
+    let delivered = produce(&brokers, &workload::seed_records()).await;
     assert!(
         delivered
             .iter()
@@ -86,7 +45,7 @@ async fn the_service_records_the_seed_scenario_and_commits_the_group_to_the_end(
         let brokers = brokers.clone();
         let ends = ends.clone();
         async move {
-            committed_to_end(&brokers, "history-e2e", &ends, Duration::from_secs(30)).await;
+            wait_committed(&brokers, "history-e2e", &ends, Duration::from_secs(30)).await;
         }
     };
     let report = history_service::app::run(&settings, shutdown)
@@ -96,7 +55,7 @@ async fn the_service_records_the_seed_scenario_and_commits_the_group_to_the_end(
     assert_eq!(db.count("inbox").await, 2);
     assert_eq!(db.count("history_events").await, 2);
     assert_eq!((report.stats.applied, report.stats.already_applied), (2, 1));
-    let committed = committed_to_end(&brokers, "history-e2e", &ends, Duration::from_secs(5)).await;
+    let committed = wait_committed(&brokers, "history-e2e", &ends, Duration::from_secs(5)).await;
     assert_eq!(committed[delivered[0].partition as usize], Some(3));
 }
 
@@ -123,7 +82,7 @@ async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_dupl
             _ => None,
         })
         .collect();
-    let delivered = produce(&brokers, records.clone()).await;
+    let delivered = produce(&brokers, &records).await;
     let ends = ends_of(&delivered, 2);
     let mut env = service_env(&db.url(), &brokers, "history-crash", TOPIC);
 
@@ -164,7 +123,7 @@ async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_dupl
     env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
     env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
     let mut second = Child::spawn(&["run"], &env);
-    committed_to_end(&brokers, "history-crash", &ends, Duration::from_secs(60)).await;
+    wait_committed(&brokers, "history-crash", &ends, Duration::from_secs(60)).await;
     let metrics = scrape(port).await;
     assert_eq!(db.count("history_events").await, distinct.len() as i64);
     assert_eq!(db.count("inbox").await, distinct.len() as i64);
@@ -242,7 +201,7 @@ async fn run_against_dev_kafka_consumes_what_kcat_produced_and_stops_cleanly_on_
         &["run"],
         &service_env(&db.url(), &brokers, "history-kcat", TOPIC),
     );
-    committed_to_end(&brokers, "history-kcat", &ends, Duration::from_secs(60)).await;
+    wait_committed(&brokers, "history-kcat", &ends, Duration::from_secs(60)).await;
     assert_eq!(
         db.count("history_events").await,
         52,
@@ -367,7 +326,7 @@ async fn a_backlog_far_larger_than_the_window_is_paused_resumed_and_fully_record
         .iter()
         .filter(|r| matches!(r.kind, workload::RecordKind::Event { .. }))
         .count();
-    let delivered = produce(&brokers, records).await;
+    let delivered = produce(&brokers, &records).await;
     let ends = ends_of(&delivered, 2);
 
     let mut settings = test_settings(&db.url(), &brokers, "history-backpressure", TOPIC);
@@ -376,13 +335,25 @@ async fn a_backlog_far_larger_than_the_window_is_paused_resumed_and_fully_record
     let shutdown = {
         let (brokers, ends) = (brokers.clone(), ends.clone());
         async move {
-            committed_to_end(&brokers, "history-backpressure", &ends, Duration::from_secs(90)).await;
+            wait_committed(
+                &brokers,
+                "history-backpressure",
+                &ends,
+                Duration::from_secs(90),
+            )
+            .await;
         }
     };
-    let report = history_service::app::run(&settings, shutdown).await.unwrap();
+    let report = history_service::app::run(&settings, shutdown)
+        .await
+        .unwrap();
     // librdkafka drops what it prefetched for a paused partition and fetches it again on
     // resume: nothing may be skipped or processed out of its window.
-    assert!(report.stats.pauses > 0, "the window never filled: {:?}", report.stats);
+    assert!(
+        report.stats.pauses > 0,
+        "the window never filled: {:?}",
+        report.stats
+    );
     assert_eq!(db.count("history_events").await, distinct as i64);
     assert_eq!(
         (report.stats.applied + report.stats.already_applied) as usize,

@@ -12,10 +12,11 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::common::{Child, TestDb, free_port, service_env, test_settings};
+use crate::common::{
+    Child, TOPIC, TestDb, free_port, produce, service_env, test_settings, topic_ends as ends,
+    wait_committed,
+};
 use crate::end_to_end::http_get;
-
-const TOPIC: &str = "tickets.status.v1";
 
 fn spec(records: usize, poison: f64, prefix: &str, seed: u64) -> WorkloadSpec {
     WorkloadSpec {
@@ -35,52 +36,6 @@ fn distinct_events(records: &[PlannedRecord]) -> usize {
         .iter()
         .filter(|r| matches!(r.kind, RecordKind::Event { .. }))
         .count()
-}
-
-async fn produce(brokers: &str, records: &[PlannedRecord]) -> Vec<workload::Delivered> {
-    let (brokers, records) = (brokers.to_owned(), records.to_vec());
-    tokio::task::spawn_blocking(move || workload::produce(&brokers, TOPIC, &records))
-        .await
-        .unwrap()
-        .unwrap()
-}
-
-/// The end offset of every partition, by asking the broker.
-async fn ends(brokers: &str, partitions: i32) -> Vec<i64> {
-    let brokers = brokers.to_owned();
-    tokio::task::spawn_blocking(move || {
-        history_service::dev::group::GroupInspector::new(&brokers, "inspector")
-            .unwrap()
-            .ends(TOPIC, partitions, Duration::from_secs(5))
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-async fn wait_committed(brokers: &str, group: &str, ends: &[i64], timeout: Duration) {
-    let (brokers, group) = (brokers.to_owned(), group.to_owned());
-    let partitions = ends.len() as i32;
-    let deadline = Instant::now() + timeout;
-    loop {
-        let (b, g) = (brokers.clone(), group.clone());
-        let committed = tokio::task::spawn_blocking(move || {
-            history_service::dev::group::GroupInspector::new(&b, &g)
-                .unwrap()
-                .committed(TOPIC, partitions, Duration::from_secs(2))
-        })
-        .await
-        .unwrap();
-        let expected: Vec<Option<i64>> = ends.iter().map(|&e| (e > 0).then_some(e)).collect();
-        if committed.as_ref().ok() == Some(&expected) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{group}: {committed:?}, want {expected:?}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Every record of a topic, from the beginning, with its headers as strings.
@@ -267,7 +222,7 @@ async fn poison_of_every_kind_is_dead_lettered_once_and_the_partitions_keep_flow
                 &all_ends,
                 Duration::from_secs(60),
             )
-            .await
+            .await;
         }
     };
     let again = history_service::app::run(&rerun, shutdown).await.unwrap();
