@@ -162,30 +162,36 @@ pub async fn run_with(
     Ok(RunReport { stats })
 }
 
-/// Applies migrations, retrying while the database does not answer (it may start after us).
+/// Applies migrations, retrying while the database does not answer (it may start after us, or
+/// restart under us). A migration the database itself rejects is retried a few times, then
+/// stops the service: it will not go away by waiting.
 async fn migrate_until_done(database: &Database, settings: &Settings) -> Result<(), ServiceError> {
+    const REJECTIONS_TOLERATED: u32 = 3;
     let mut delay = settings.pipeline.retry_initial();
+    let mut rejections = 0;
     loop {
         let attempt = async {
             let mut client = database.connect().await?;
             migrate::run_migrations(&mut client).await
         };
-        match attempt.await {
+        let err = match attempt.await {
             Ok(_) => return Ok(()),
-            Err(StoreError::Migration(reason)) => {
-                return Err(StoreError::Migration(reason).into());
-            }
-            Err(err) => {
-                warn!(
-                    error = %err,
-                    retry_in_ms = delay.as_millis() as u64,
-                    database = %database.target(),
-                    "database not reachable for migrations; retrying"
-                );
-                actix_rt::time::sleep(delay).await;
-                delay = (delay * 2).min(settings.pipeline.retry_max().max(Duration::from_secs(1)));
+            Err(err) => err,
+        };
+        if let StoreError::Migration(_) = err {
+            rejections += 1;
+            if rejections > REJECTIONS_TOLERATED {
+                return Err(err.into());
             }
         }
+        warn!(
+            error = %err,
+            retry_in_ms = delay.as_millis() as u64,
+            database = %database.target(),
+            "migrations could not run; retrying"
+        );
+        actix_rt::time::sleep(delay).await;
+        delay = (delay * 2).min(settings.pipeline.retry_max().max(Duration::from_secs(1)));
     }
 }
 

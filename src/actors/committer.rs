@@ -190,11 +190,8 @@ impl Handler<Resolved> for OffsetCommitter {
             }
             match window.window.resolve(resolved.offset) {
                 Ok(0) => {}
-                Ok(_) => {
-                    if moved.last() != Some(&resolved.tp) && !moved.contains(&resolved.tp) {
-                        moved.push(resolved.tp);
-                    }
-                }
+                Ok(_) if !moved.contains(&resolved.tp) => moved.push(resolved.tp),
+                Ok(_) => {}
                 // An offset below the position (redelivered and processed again): harmless.
                 Err(untracked) => debug!(tp = %resolved.tp, %untracked, "resolution ignored"),
             }

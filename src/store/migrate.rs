@@ -38,7 +38,7 @@ pub async fn run_migrations(client: &mut Client) -> Result<MigrationReport, Stor
     let unlock = client
         .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK_KEY])
         .await;
-    let report = result.map_err(|err| StoreError::Migration(err.to_string()))?;
+    let report = result.map_err(|err| StoreError::Migration(with_causes(&err)))?;
     unlock?;
     let applied: Vec<String> = report
         .applied_migrations()
@@ -48,6 +48,19 @@ pub async fn run_migrations(client: &mut Client) -> Result<MigrationReport, Stor
     let known = embedded::migrations::runner().get_migrations().len();
     info!(applied = ?applied, known, "migrations up to date");
     Ok(MigrationReport { applied, known })
+}
+
+/// An error and every cause under it, on one line: refinery's own message alone only says
+/// "db error", the server's reason is further down.
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// Connects without TLS, outside any pool (tools and tests; the service uses [`Database`]).
