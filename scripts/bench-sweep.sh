@@ -9,10 +9,14 @@ cd "$(dirname "$0")/.."
 scripts/ensure-postgres.sh
 cargo build --release --locked
 events="${EVENTS:-200000}"
+log=target/bench-sweep.log
+: >"$log"
 run() {
   printf '%-34s ' "$*"
-  target/release/history-service bench --events "$events" --naive-events 300 \
-    --latency-seconds 2 "$@" 2>/dev/null | tail -n 1
+  if ! target/release/history-service bench --events "$events" --naive-events 300 \
+    --latency-seconds 2 "$@" 2>>"$log" | tail -n 1; then
+    echo "FAILED (see $log)"
+  fi
 }
 for writers in 1 2 4; do run --writers "$writers" --batch 1000 --partitions 24; done
 for batch in 100 500 2000; do run --writers 2 --batch "$batch" --partitions 24; done

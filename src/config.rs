@@ -79,6 +79,7 @@ pub struct KafkaSettings {
     pub statistics_interval_ms: u64,
     pub fetch_wait_max_ms: u64,
     pub fetch_queue_kbytes: u64,
+    pub fetch_queue_messages: u64,
     /// librdkafka properties passed through verbatim; values may be secrets.
     #[serde(default)]
     pub properties: BTreeMap<String, SecretString>,
@@ -211,6 +212,7 @@ impl Settings {
         positive("kafka.session_timeout_ms", kafka.session_timeout_ms)?;
         positive("kafka.revoke_timeout_ms", kafka.revoke_timeout_ms)?;
         positive("kafka.fetch_queue_kbytes", kafka.fetch_queue_kbytes)?;
+        positive("kafka.fetch_queue_messages", kafka.fetch_queue_messages)?;
         kafka.librdkafka_properties()?;
 
         let pipeline = &self.pipeline;

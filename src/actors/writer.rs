@@ -3,6 +3,7 @@
 //! resolved offsets to the OffsetCommitter; an Unknown batch is retried with exponential
 //! backoff, and its offsets stay unresolved (so uncommitted) until the database answers.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,9 @@ pub struct DbWriter {
     committer: Addr<OffsetCommitter>,
     settings: WriterSettings,
     stats: Arc<Stats>,
-    buffer: Vec<WriteJob>,
+    /// Jobs waiting for the next batch, oldest first (a deque: batches are taken from the
+    /// front of a buffer that can hold tens of thousands of jobs).
+    buffer: VecDeque<WriteJob>,
     state: State,
     /// The next backoff delay; reset by a success.
     next_delay: Duration,
@@ -76,7 +79,7 @@ impl DbWriter {
             committer,
             settings,
             stats,
-            buffer: Vec::new(),
+            buffer: VecDeque::new(),
             state: State::Idle,
             next_delay,
             attempt: 0,
@@ -109,11 +112,7 @@ impl DbWriter {
             return;
         }
         let take = self.buffer.len().min(self.settings.batch_max_events);
-        let batch: Vec<WriteJob> = if take == self.buffer.len() {
-            std::mem::take(&mut self.buffer)
-        } else {
-            self.buffer.drain(..take).collect()
-        };
+        let batch: Vec<WriteJob> = self.buffer.drain(..take).collect();
         self.write(batch, ctx);
     }
 
@@ -389,11 +388,7 @@ impl Handler<WriteJobs> for DbWriter {
     type Result = ();
 
     fn handle(&mut self, msg: WriteJobs, ctx: &mut Context<Self>) {
-        if self.buffer.is_empty() {
-            self.buffer = msg.0;
-        } else {
-            self.buffer.extend(msg.0);
-        }
+        self.buffer.extend(msg.0);
         self.schedule(ctx);
     }
 }

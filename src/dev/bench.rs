@@ -96,6 +96,7 @@ pub struct BenchReport {
     pub ceiling: Rate,
     pub naive: Rate,
     pub peak_rss_mb: f64,
+    pub transactions: Transactions,
     pub latency: Latency,
     /// The service's database holds every distinct event once, consistently.
     pub verified: bool,
@@ -142,6 +143,10 @@ impl BenchReport {
             "  service peak RSS {:.1} MB; database verified: {}\n",
             self.peak_rss_mb,
             if self.verified { "yes" } else { "NO" }
+        ));
+        out.push_str(&format!(
+            "  service transactions: {}, {:.1} ms and {:.0} events each on average\n",
+            self.transactions.count, self.transactions.mean_ms, self.transactions.mean_events
         ));
         out.push_str(&format!(
             "  latency (produce -> row committed) at {}/s for {} s: {} samples, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms\n",
@@ -222,7 +227,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
 
     eprintln!("service: draining the backlog with `history-service run`...");
     let service_db = databases.create("service").await?;
-    let (service, peak_rss_mb) =
+    let (service, peak_rss_mb, transactions) =
         measure_service(settings, options, &brokers, &service_db, &ends, &run_id).await?;
     let verified = {
         let client = Database::plain(service_db.clone()).connect().await?;
@@ -264,6 +269,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
         ceiling,
         naive,
         peak_rss_mb,
+        transactions,
         latency,
         verified,
     })
@@ -354,10 +360,15 @@ fn url_of(config: &tokio_postgres::Config, settings: &Settings) -> String {
 struct ServiceChild {
     child: std::process::Child,
     lines: Arc<Mutex<Vec<(Instant, String)>>>,
+    metrics_port: Option<u16>,
 }
 
 impl ServiceChild {
     fn spawn(env: Vec<(String, String)>) -> Result<Self, DevError> {
+        let metrics_port = env
+            .iter()
+            .find(|(key, _)| key == "HISTORY__HTTP__LISTEN")
+            .and_then(|(_, listen)| listen.rsplit_once(':')?.1.parse().ok());
         let exe = std::env::current_exe()
             .map_err(|err| DevError::Bench(format!("cannot find my own binary: {err}")))?;
         let mut child = Command::new(exe)
@@ -376,7 +387,11 @@ impl ServiceChild {
                 sink.lock().unwrap().push((Instant::now(), line));
             }
         });
-        Ok(ServiceChild { child, lines })
+        Ok(ServiceChild {
+            child,
+            lines,
+            metrics_port,
+        })
     }
 
     /// When a line containing `needle` was logged, if it was.
@@ -403,6 +418,28 @@ impl ServiceChild {
             .join("\n")
     }
 
+    /// The service's own account of its transactions, from its /metrics.
+    fn transactions(&self) -> Transactions {
+        let Some(port) = self.metrics_port else {
+            return Transactions::default();
+        };
+        let text = http_get(port, "/metrics").unwrap_or_default();
+        let value = |series: &str| {
+            text.lines()
+                .find_map(|line| {
+                    let (name, value) = line.rsplit_once(' ')?;
+                    (name == series).then(|| value.parse::<f64>().ok())?
+                })
+                .unwrap_or(0.0)
+        };
+        let count = value("history_transaction_seconds_count");
+        Transactions {
+            count: count as u64,
+            mean_ms: value("history_transaction_seconds_sum") / count.max(1.0) * 1e3,
+            mean_events: value("history_batch_events_sum") / count.max(1.0),
+        }
+    }
+
     /// Peak resident set size so far, in MB (VmHWM).
     fn peak_rss_mb(&self) -> f64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
@@ -427,6 +464,12 @@ impl ServiceChild {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_or(0, |addr| addr.port())
 }
 
 fn service_env(
@@ -458,7 +501,10 @@ fn service_env(
         // The embedded broker holds an empty fetch for the whole wait even when records arrive
         // (Kafka answers at once), so a short wait keeps it from dominating the latency.
         ("HISTORY__KAFKA__FETCH_WAIT_MAX_MS", "5".to_owned()),
-        ("HISTORY__HTTP__ENABLED", "false".to_owned()),
+        (
+            "HISTORY__HTTP__LISTEN",
+            format!("127.0.0.1:{}", free_port()),
+        ),
         ("HISTORY__LOG__FORMAT", "human".to_owned()),
         ("HISTORY__LOG__FILTER", "info".to_owned()),
     ]
@@ -474,7 +520,7 @@ async fn measure_service(
     database: &tokio_postgres::Config,
     ends: &[i64],
     run_id: &str,
-) -> Result<(Rate, f64), DevError> {
+) -> Result<(Rate, f64, Transactions), DevError> {
     let group = format!("bench-service-{run_id}");
     let mut child = ServiceChild::spawn(service_env(
         settings, options, brokers, database, &group, TOPIC,
@@ -502,6 +548,7 @@ async fn measure_service(
     let started = child
         .seen("first records fetched")
         .ok_or_else(|| DevError::Bench("the service never logged its first fetch".into()))?;
+    let transactions = child.transactions();
     child.stop();
     Ok((
         Rate {
@@ -509,6 +556,7 @@ async fn measure_service(
             elapsed: finished - started,
         },
         peak,
+        transactions,
     ))
 }
 
@@ -785,4 +833,26 @@ fn produce_paced(
     }
     producer.flush(Duration::from_secs(30))?;
     Ok(sent)
+}
+
+/// What the service's writers did during the drain.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Transactions {
+    pub count: u64,
+    pub mean_ms: f64,
+    pub mean_events: f64,
+}
+
+/// A minimal HTTP GET of the service's own endpoint.
+fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default())
 }

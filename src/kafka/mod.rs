@@ -68,7 +68,14 @@ pub fn consumer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigE
         .set(
             "queued.max.messages.kbytes",
             settings.fetch_queue_kbytes.to_string(),
-        );
+        )
+        .set(
+            "queued.min.messages",
+            settings.fetch_queue_messages.to_string(),
+        )
+        // With the prefetch bounded, a partition whose queue is full is fetched again as soon
+        // as it drains; librdkafka's default (1 s) idles the consumer during a backlog.
+        .set("fetch.queue.backoff.ms", "10");
     for (key, value) in settings.librdkafka_properties()? {
         config.set(key, value.expose_secret());
     }

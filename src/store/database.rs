@@ -90,6 +90,10 @@ impl Database {
             .max_size(size)
             .min_idle(Some(0))
             .connection_timeout(connect_timeout)
+            // No test query on every checkout: it is a round trip per transaction, and a dead
+            // connection shows up anyway — as a failed (Unknown, retried) transaction, after
+            // which the pool drops it as broken.
+            .test_on_check_out(false)
             .build_unchecked(PgManager::new(self.config.clone(), self.tls.clone()))
     }
 }
