@@ -423,15 +423,10 @@ impl ServiceChild {
         let Some(port) = self.metrics_port else {
             return Transactions::default();
         };
-        let text = http_get(port, "/metrics").unwrap_or_default();
-        let value = |series: &str| {
-            text.lines()
-                .find_map(|line| {
-                    let (name, value) = line.rsplit_once(' ')?;
-                    (name == series).then(|| value.parse::<f64>().ok())?
-                })
-                .unwrap_or(0.0)
-        };
+        let text = super::probe::get(port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default();
+        let value = |series: &str| super::probe::sample(&text, series).unwrap_or(0.0);
         let count = value("history_transaction_seconds_count");
         Transactions {
             count: count as u64,
@@ -841,18 +836,4 @@ pub struct Transactions {
     pub count: u64,
     pub mean_ms: f64,
     pub mean_events: f64,
-}
-
-/// A minimal HTTP GET of the service's own endpoint.
-fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    Ok(response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default())
 }

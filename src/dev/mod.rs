@@ -7,6 +7,7 @@ pub mod demo;
 pub mod faults;
 pub mod group;
 pub mod postgres;
+pub mod probe;
 pub mod workload;
 
 use std::time::Duration;

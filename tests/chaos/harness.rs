@@ -657,7 +657,9 @@ impl Chaos {
     /// Scrapes an instance's metrics.
     pub fn metrics(&self, n: usize) -> String {
         let port = self.instances[n].port;
-        http_get(port, "/metrics").unwrap_or_default()
+        history_service::dev::probe::get(port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
     }
 }
 
@@ -931,17 +933,4 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    Ok(response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default())
 }

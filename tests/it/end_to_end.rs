@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use history_service::dev::broker::EmbeddedBroker;
 use history_service::dev::group::GroupInspector;
+use history_service::dev::probe::sample;
 use history_service::dev::workload::{self, WorkloadSpec};
 
 use crate::common::{
@@ -128,16 +129,16 @@ async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_dupl
     assert_eq!(db.count("history_events").await, distinct.len() as i64);
     assert_eq!(db.count("inbox").await, distinct.len() as i64);
     assert_eq!(
-        metric(&metrics, "history_events_total{outcome=\"applied\"}"),
-        0.0,
-        "{metrics}"
+        sample(&metrics, "history_events_total{outcome=\"applied\"}"),
+        None,
+        "nothing newly applied: {metrics}"
     );
     assert_eq!(
-        metric(
+        sample(
             &metrics,
             "history_events_total{outcome=\"already_applied\"}"
         ),
-        records.len() as f64
+        Some(records.len() as f64)
     );
     second.signal(libc::SIGTERM);
     assert_eq!(
@@ -265,45 +266,17 @@ fn the_demo_starts_a_throwaway_postgres_when_none_answers() {
 async fn scrape(port: u16) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
-            .await
-            .unwrap()
+        match tokio::task::spawn_blocking(move || {
+            history_service::dev::probe::get(port, "/metrics")
+        })
+        .await
+        .unwrap()
         {
             Ok((200, body)) => return body,
             other => assert!(Instant::now() < deadline, "scrape failed: {other:?}"),
         }
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// A minimal HTTP/1.0 GET, enough for our own endpoints.
-pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-/// The value of one sample line of a Prometheus text exposition (0 if absent).
-pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|line| {
-            let (name, value) = line.rsplit_once(' ')?;
-            (name == series).then(|| value.parse().ok())?
-        })
-        .unwrap_or(0.0)
 }
 
 #[actix_rt::test]

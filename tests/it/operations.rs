@@ -16,7 +16,7 @@ use crate::common::{
     Child, TOPIC, TestDb, free_port, produce, service_env, test_settings, topic_ends as ends,
     wait_committed,
 };
-use crate::end_to_end::http_get;
+use history_service::dev::probe::get as http_get;
 
 fn spec(records: usize, poison: f64, prefix: &str, seed: u64) -> WorkloadSpec {
     WorkloadSpec {
