@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use history_service::actors::Pipeline;
 use history_service::actors::messages::{
-    CommitOffsets, CommitPosition, Epoch, FlowControl, InspectWindows, Record, Records, Revoke,
-    StopPartition, TopicPartition, WindowSnapshot,
+    CommitOffsets, CommitPosition, Epoch, FlowControl, InspectWindows, Lost, Record, Records,
+    Revoke, StopPartition, TopicPartition, WindowSnapshot,
 };
 use history_service::actors::partition::PartitionActor;
 
@@ -73,6 +73,28 @@ impl Handler<RevokePartition> for MockKafka {
                 .send(Revoke {
                     partitions: vec![(msg.0, epoch)],
                     reply: None,
+                })
+                .await
+                .unwrap()
+        })
+    }
+}
+
+/// The group moved on without us (session timeout, fenced member): no clean revoke.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct LosePartition(pub TopicPartition);
+
+impl Handler<LosePartition> for MockKafka {
+    type Result = ResponseFuture<()>;
+    fn handle(&mut self, msg: LosePartition, _: &mut Context<Self>) -> Self::Result {
+        let (epoch, actor) = self.partitions.remove(&msg.0).expect("assigned");
+        actor.do_send(StopPartition);
+        let committer = self.pipeline.committer().clone();
+        Box::pin(async move {
+            committer
+                .send(Lost {
+                    partitions: vec![(msg.0, epoch)],
                 })
                 .await
                 .unwrap()

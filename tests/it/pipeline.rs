@@ -364,6 +364,64 @@ async fn a_revoked_partition_hands_over_its_position_and_later_outcomes_are_disc
 }
 
 #[actix_rt::test]
+async fn a_lost_assignment_commits_nothing_and_discards_later_outcomes() {
+    let db = TestDb::migrated().await;
+    let harness = start(
+        &db,
+        &pipeline_settings(|p| p.commit_interval_ms = 3_600_000),
+    );
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+
+    let mut blocker = db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.execute("INSERT INTO inbox VALUES ('evt-5')", &[])
+        .await
+        .unwrap();
+    harness.inject(&tp, events(0..5)).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while harness.windows().await[0].position != Some(5) {
+        assert!(std::time::Instant::now() < deadline);
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Offset 5 blocks in the database, with 6..9 behind it.
+    harness.inject(&tp, events(5..10)).await;
+    actix_rt::time::sleep(Duration::from_millis(200)).await;
+
+    // Resolved offsets 0..5 are not committed: another member may own the partition already,
+    // and a commit from a fenced member could move the group's position under the new owner.
+    harness
+        .kafka
+        .send(crate::mock_kafka::LosePartition(tp.clone()))
+        .await
+        .unwrap();
+    assert!(
+        harness.windows().await.is_empty(),
+        "the lost window is gone"
+    );
+
+    lock.rollback().await.unwrap();
+    actix_rt::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        harness.windows().await.is_empty(),
+        "an outcome of the lost epoch does not bring its window back"
+    );
+    let positions = harness.pipeline.drain(WAIT).await;
+    assert!(
+        positions.is_empty(),
+        "shutdown commits nothing: {positions:?}"
+    );
+    assert!(harness.log.lock().unwrap().commits.is_empty());
+    // The rows themselves are safe: the next owner re-reads 0.. and finds them applied.
+    let deadline = std::time::Instant::now() + WAIT;
+    while db.count("history_events").await != 10 {
+        assert!(std::time::Instant::now() < deadline);
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    harness.stop();
+}
+
+#[actix_rt::test]
 async fn drain_waits_for_in_flight_records_and_returns_the_final_positions() {
     let db = TestDb::migrated().await;
     let harness = start(
