@@ -107,6 +107,8 @@ pub fn schedule(
         ("fetch", "transport"),
         ("offset-commit", "coordinator-not-available"),
         ("heartbeat", "rebalance-in-progress"),
+        // The coordinator forgets the member: librdkafka declares the assignment lost.
+        ("heartbeat", "unknown-member"),
         ("fetch", "not-leader"),
     ] {
         let count = 1 + (seed as usize + api.len()) % 4;
@@ -132,6 +134,8 @@ pub struct Figures {
     pub backend_terminations: usize,
     pub broker_faults: usize,
     pub rebalances: usize,
+    /// Assignments the service reported lost (no clean revoke, nothing committed).
+    pub assignments_lost: usize,
     pub commits_checked: usize,
     pub lost: usize,
     pub doubled: usize,
@@ -145,7 +149,7 @@ impl Figures {
         format!(
             "chaos run: seed {seed}, {:.0} s\n  records {}  (distinct events {}, duplicates {}, poison {})\n  \
              kills {}  starts {}  postgres restarts {}  backend terminations {}  broker faults {}\n  \
-             rebalances {}  commits checked {}\n  lost {}  doubled {}  commit-order violations {}\n",
+             rebalances {} (assignments lost {})  commits checked {}\n  lost {}  doubled {}  commit-order violations {}\n",
             elapsed.as_secs_f64(),
             self.records,
             self.distinct_events,
@@ -157,6 +161,7 @@ impl Figures {
             self.backend_terminations,
             self.broker_faults,
             self.rebalances,
+            self.assignments_lost,
             self.commits_checked,
             self.lost,
             self.doubled,
@@ -196,6 +201,7 @@ pub struct Chaos {
     commits: Sender<CommitSeen>,
     commit_feed: Option<Receiver<CommitSeen>>,
     pub rebalances: Arc<AtomicUsize>,
+    pub assignments_lost: Arc<AtomicUsize>,
     pub figures: Figures,
     pub runtime: tokio::runtime::Runtime,
 }
@@ -291,6 +297,7 @@ impl Chaos {
             commits,
             commit_feed: Some(commit_feed),
             rebalances: Arc::new(AtomicUsize::new(0)),
+            assignments_lost: Arc::new(AtomicUsize::new(0)),
             figures: Figures::default(),
             runtime,
         }
@@ -347,6 +354,7 @@ impl Chaos {
             .unwrap();
         let commits = self.commits.clone();
         let rebalances = self.rebalances.clone();
+        let assignments_lost = self.assignments_lost.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 let _ = writeln!(log, "{line}");
@@ -366,6 +374,10 @@ impl Chaos {
                     }
                     Some("partitions assigned") | Some("partitions revoked") => {
                         rebalances.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some("assignment lost: nothing is committed") => {
+                        rebalances.fetch_add(1, Ordering::Relaxed);
+                        assignments_lost.fetch_add(1, Ordering::Relaxed);
                     }
                     _ => {}
                 }
@@ -524,6 +536,7 @@ impl Chaos {
         self.figures.commits_checked = checked;
         self.figures.violations.extend(violations);
         self.figures.rebalances = self.rebalances.load(Ordering::Relaxed);
+        self.figures.assignments_lost = self.assignments_lost.load(Ordering::Relaxed);
         let by_index = delivered.lock().unwrap().by_index.clone();
         self.final_checks(&records, &by_index, &ends);
         let figures = self.figures.clone();

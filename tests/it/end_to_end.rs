@@ -335,3 +335,101 @@ async fn a_backlog_far_larger_than_the_window_is_paused_resumed_and_fully_record
         report.stats
     );
 }
+
+#[actix_rt::test]
+async fn a_lost_assignment_commits_nothing_and_the_rejoined_member_rereads_without_duplicates() {
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 2).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let records = workload::generate(&WorkloadSpec {
+        records: 300,
+        duplicates: 0.1,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: "lost".into(),
+        tickets: 20,
+        max_payload_bytes: 65536,
+        seed: 17,
+    });
+    let distinct = records
+        .iter()
+        .filter(|r| matches!(r.kind, workload::RecordKind::Event { .. }))
+        .map(|r| match &r.kind {
+            workload::RecordKind::Event { event_id } => event_id.clone(),
+            _ => unreachable!(),
+        })
+        .collect::<std::collections::HashSet<_>>()
+        .len() as i64;
+    let delivered = produce(&brokers, &records).await;
+    let ends = ends_of(&delivered, 2);
+
+    let port = free_port();
+    let mut env = service_env(&db.url(), &brokers, "history-lost", TOPIC);
+    env.retain(|(key, _)| key != "HISTORY__PIPELINE__COMMIT_INTERVAL_MS");
+    env.extend([
+        // Only a revoke or the shutdown commits: a commit at the loss would show.
+        (
+            "HISTORY__PIPELINE__COMMIT_INTERVAL_MS".into(),
+            "3600000".into(),
+        ),
+        ("HISTORY__HTTP__ENABLED".into(), "true".into()),
+        ("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")),
+    ]);
+    let mut service = Child::spawn(&["run"], &env);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.count("history_events").await < distinct {
+        assert!(Instant::now() < deadline, "stalled:\n{}", service.logs());
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The coordinator forgets the member: its next heartbeat is answered UNKNOWN_MEMBER_ID,
+    // and librdkafka declares the assignment lost (no clean revoke), then rejoins.
+    "request-errors heartbeat 1 unknown-member"
+        .parse::<history_service::dev::faults::Fault>()
+        .unwrap()
+        .apply(&broker)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let metrics = scrape(port).await;
+        let lost = sample(&metrics, "history_rebalances_total{kind=\"lost\"}");
+        let again = sample(
+            &metrics,
+            "history_events_total{outcome=\"already_applied\"}",
+        )
+        .unwrap_or(0.0);
+        // The first pass finds the duplicates applied; after the loss, every record is read a
+        // second time from the group's (empty) position and found applied.
+        let duplicates = records.len() as f64 - distinct as f64;
+        if lost >= Some(1.0) && again >= duplicates + records.len() as f64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no loss and re-read seen: lost {lost:?}, already_applied {again}\n{}",
+            service.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(200)).await;
+    }
+    let inspector = GroupInspector::new(&brokers, "history-lost").unwrap();
+    assert_eq!(
+        inspector
+            .committed(TOPIC, 2, Duration::from_secs(5))
+            .unwrap(),
+        vec![None, None],
+        "nothing was committed for the lost assignment"
+    );
+    assert!(service.logs().contains("assignment lost"));
+
+    service.signal(libc::SIGTERM);
+    assert_eq!(
+        service.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        service.logs()
+    );
+    wait_committed(&brokers, "history-lost", &ends, Duration::from_secs(5)).await;
+    assert_eq!(db.count("history_events").await, distinct);
+    assert_eq!(db.count("inbox").await, distinct);
+}
