@@ -26,7 +26,7 @@ use secrecy::ExposeSecret;
 use super::DevError;
 use super::broker::EmbeddedBroker;
 use super::group::GroupInspector;
-use super::workload::{self, PlannedRecord, RecordKind, WorkloadSpec};
+use super::workload::{self, PlannedRecord, WorkloadSpec};
 use crate::config::Settings;
 use crate::domain::{HistoryEvent, Outcome, process_history_batch, process_history_once};
 use crate::store::{Database, PgHistoryRepository, migrate, verify};
@@ -205,10 +205,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
         max_payload_bytes: settings.pipeline.max_payload_bytes,
         seed: 42,
     });
-    let distinct_events = records
-        .iter()
-        .filter(|r| matches!(r.kind, RecordKind::Event { .. }))
-        .count();
+    let distinct_events = workload::distinct_events(&records);
     eprintln!(
         "producing {} records to {TOPIC} ({} partitions)...",
         records.len(),

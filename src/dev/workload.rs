@@ -162,6 +162,14 @@ fn poison_payload(kind: &'static str, n: usize, max_payload_bytes: usize) -> Opt
     Some(body.into_bytes())
 }
 
+/// How many distinct events a stream carries: the rows a correct consumer ends with.
+pub fn distinct_events(records: &[PlannedRecord]) -> usize {
+    records
+        .iter()
+        .filter(|r| matches!(r.kind, RecordKind::Event { .. }))
+        .count()
+}
+
 /// Generates a stream as the spec says.
 pub fn generate(spec: &WorkloadSpec) -> Vec<PlannedRecord> {
     let mut rng = SmallRng::seed_from_u64(spec.seed);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use history_service::dev::broker::EmbeddedBroker;
 use history_service::dev::group::GroupInspector;
 use history_service::dev::probe::sample;
-use history_service::dev::workload::{self, WorkloadSpec};
+use history_service::dev::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
 
 use crate::common::{
     Child, TOPIC, TestDb, free_port, produce, service_env, test_settings, wait_committed,
@@ -24,6 +24,34 @@ fn ends_of(delivered: &[workload::Delivered], partitions: i32) -> Vec<i64> {
                 .unwrap_or(0)
         })
         .collect()
+}
+
+/// Good events with 10% duplicates (some on the other partition) over two partitions.
+fn events_with_duplicates(
+    records: usize,
+    prefix: &str,
+    tickets: u32,
+    seed: u64,
+) -> Vec<PlannedRecord> {
+    workload::generate(&WorkloadSpec {
+        records,
+        duplicates: 0.1,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: prefix.into(),
+        tickets,
+        max_payload_bytes: 65536,
+        seed,
+    })
+}
+
+/// Waits until the service under test has written `rows` history rows.
+async fn wait_rows(db: &TestDb, rows: i64, service: &Child) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.count("history_events").await < rows {
+        assert!(Instant::now() < deadline, "stalled:\n{}", service.logs());
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[actix_rt::test]
@@ -66,23 +94,8 @@ async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_dupl
     let broker = EmbeddedBroker::start(1).unwrap();
     broker.create_topic(TOPIC, 2).unwrap();
     let brokers = broker.bootstrap_servers();
-    let records = workload::generate(&WorkloadSpec {
-        records: 300,
-        duplicates: 0.1,
-        poison: 0.0,
-        partitions: 2,
-        id_prefix: "crash".into(),
-        tickets: 20,
-        max_payload_bytes: 65536,
-        seed: 11,
-    });
-    let distinct: std::collections::HashSet<String> = records
-        .iter()
-        .filter_map(|r| match &r.kind {
-            workload::RecordKind::Event { event_id } => Some(event_id.clone()),
-            _ => None,
-        })
-        .collect();
+    let records = events_with_duplicates(300, "crash", 20, 11);
+    let distinct = distinct_events(&records) as i64;
     let delivered = produce(&brokers, &records).await;
     let ends = ends_of(&delivered, 2);
     let mut env = service_env(&db.url(), &brokers, "history-crash", TOPIC);
@@ -94,15 +107,7 @@ async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_dupl
         "3600000".into(),
     ));
     let mut first = Child::spawn(&["run"], &env);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while db.count("history_events").await < distinct.len() as i64 {
-        assert!(
-            Instant::now() < deadline,
-            "first run stalled:\n{}",
-            first.logs()
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_rows(&db, distinct, &first).await;
     first.signal(libc::SIGKILL);
     assert_eq!(
         first.wait(Duration::from_secs(10)),
@@ -126,8 +131,8 @@ async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_dupl
     let mut second = Child::spawn(&["run"], &env);
     wait_committed(&brokers, "history-crash", &ends, Duration::from_secs(60)).await;
     let metrics = scrape(port).await;
-    assert_eq!(db.count("history_events").await, distinct.len() as i64);
-    assert_eq!(db.count("inbox").await, distinct.len() as i64);
+    assert_eq!(db.count("history_events").await, distinct);
+    assert_eq!(db.count("inbox").await, distinct);
     assert_eq!(
         sample(&metrics, "history_events_total{outcome=\"applied\"}"),
         None,
@@ -285,20 +290,8 @@ async fn a_backlog_far_larger_than_the_window_is_paused_resumed_and_fully_record
     let broker = EmbeddedBroker::start(1).unwrap();
     broker.create_topic(TOPIC, 2).unwrap();
     let brokers = broker.bootstrap_servers();
-    let records = workload::generate(&WorkloadSpec {
-        records: 3000,
-        duplicates: 0.1,
-        poison: 0.0,
-        partitions: 2,
-        id_prefix: "backpressure".into(),
-        tickets: 50,
-        max_payload_bytes: 65536,
-        seed: 5,
-    });
-    let distinct = records
-        .iter()
-        .filter(|r| matches!(r.kind, workload::RecordKind::Event { .. }))
-        .count();
+    let records = events_with_duplicates(3000, "backpressure", 50, 5);
+    let distinct = distinct_events(&records);
     let delivered = produce(&brokers, &records).await;
     let ends = ends_of(&delivered, 2);
 
@@ -342,31 +335,13 @@ async fn a_lost_assignment_commits_nothing_and_the_rejoined_member_rereads_witho
     let broker = EmbeddedBroker::start(1).unwrap();
     broker.create_topic(TOPIC, 2).unwrap();
     let brokers = broker.bootstrap_servers();
-    let records = workload::generate(&WorkloadSpec {
-        records: 300,
-        duplicates: 0.1,
-        poison: 0.0,
-        partitions: 2,
-        id_prefix: "lost".into(),
-        tickets: 20,
-        max_payload_bytes: 65536,
-        seed: 17,
-    });
-    let distinct = records
-        .iter()
-        .filter(|r| matches!(r.kind, workload::RecordKind::Event { .. }))
-        .map(|r| match &r.kind {
-            workload::RecordKind::Event { event_id } => event_id.clone(),
-            _ => unreachable!(),
-        })
-        .collect::<std::collections::HashSet<_>>()
-        .len() as i64;
+    let records = events_with_duplicates(300, "lost", 20, 17);
+    let distinct = distinct_events(&records) as i64;
     let delivered = produce(&brokers, &records).await;
     let ends = ends_of(&delivered, 2);
 
     let port = free_port();
     let mut env = service_env(&db.url(), &brokers, "history-lost", TOPIC);
-    env.retain(|(key, _)| key != "HISTORY__PIPELINE__COMMIT_INTERVAL_MS");
     env.extend([
         // Only a revoke or the shutdown commits: a commit at the loss would show.
         (
@@ -377,11 +352,7 @@ async fn a_lost_assignment_commits_nothing_and_the_rejoined_member_rereads_witho
         ("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")),
     ]);
     let mut service = Child::spawn(&["run"], &env);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while db.count("history_events").await < distinct {
-        assert!(Instant::now() < deadline, "stalled:\n{}", service.logs());
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_rows(&db, distinct, &service).await;
 
     // The coordinator forgets the member: its next heartbeat is answered UNKNOWN_MEMBER_ID,
     // and librdkafka declares the assignment lost (no clean revoke), then rejoins.

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::workload::{self, PlannedRecord, RecordKind, WorkloadSpec};
+use history_service::dev::workload::{self, RecordKind, WorkloadSpec, distinct_events};
 use history_service::kafka::dead_letter_topic as dlq;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -29,13 +29,6 @@ fn spec(records: usize, poison: f64, prefix: &str, seed: u64) -> WorkloadSpec {
         max_payload_bytes: 65536,
         seed,
     }
-}
-
-fn distinct_events(records: &[PlannedRecord]) -> usize {
-    records
-        .iter()
-        .filter(|r| matches!(r.kind, RecordKind::Event { .. }))
-        .count()
 }
 
 /// Every record of a topic, from the beginning, with its headers as strings.

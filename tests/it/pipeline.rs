@@ -53,6 +53,30 @@ fn events(offsets: std::ops::Range<i64>) -> Vec<Record> {
     offsets.map(|n| record(n, event(n))).collect()
 }
 
+/// Offsets 0..5 resolve; then 5..10 are fetched while another session holds `evt-5`'s inbox
+/// marker uncommitted, so offset 5 blocks in the database and some of 6..9 resolve behind it.
+/// The returned session keeps the lock until it runs `ROLLBACK`.
+async fn resolve_5_then_block_at_5(
+    db: &TestDb,
+    harness: &Harness,
+    tp: &TopicPartition,
+) -> tokio_postgres::Client {
+    let blocker = db.client().await;
+    blocker
+        .batch_execute("BEGIN; INSERT INTO inbox VALUES ('evt-5')")
+        .await
+        .unwrap();
+    harness.inject(tp, events(0..5)).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while harness.windows().await[0].position != Some(5) {
+        assert!(std::time::Instant::now() < deadline);
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    harness.inject(tp, events(5..10)).await;
+    actix_rt::time::sleep(Duration::from_millis(200)).await;
+    blocker
+}
+
 #[actix_rt::test]
 async fn the_seed_scenario_at_offsets_0_1_2_commits_3_and_writes_two_rows() {
     let db = TestDb::migrated().await;
@@ -314,20 +338,7 @@ async fn a_revoked_partition_hands_over_its_position_and_later_outcomes_are_disc
     let tp = TopicPartition::new("t", 0);
     harness.assign(&tp, 1).await;
 
-    let mut blocker = db.client().await;
-    let lock = blocker.transaction().await.unwrap();
-    lock.execute("INSERT INTO inbox VALUES ('evt-5')", &[])
-        .await
-        .unwrap();
-    harness.inject(&tp, events(0..5)).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while harness.windows().await[0].position != Some(5) {
-        assert!(std::time::Instant::now() < deadline);
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
-    // Offset 5 blocks in the database; some of 6..9 resolve behind it.
-    harness.inject(&tp, events(5..10)).await;
-    actix_rt::time::sleep(Duration::from_millis(200)).await;
+    let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
 
     let positions = harness
         .kafka
@@ -338,7 +349,7 @@ async fn a_revoked_partition_hands_over_its_position_and_later_outcomes_are_disc
     assert_eq!((positions[0].offset, positions[0].epoch), (5, 1));
 
     // The blocked write completes after the revoke: its outcome belongs to a dead epoch.
-    lock.rollback().await.unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     actix_rt::time::sleep(Duration::from_millis(500)).await;
     assert!(
         harness.windows().await.is_empty(),
@@ -373,20 +384,7 @@ async fn a_lost_assignment_commits_nothing_and_discards_later_outcomes() {
     let tp = TopicPartition::new("t", 0);
     harness.assign(&tp, 1).await;
 
-    let mut blocker = db.client().await;
-    let lock = blocker.transaction().await.unwrap();
-    lock.execute("INSERT INTO inbox VALUES ('evt-5')", &[])
-        .await
-        .unwrap();
-    harness.inject(&tp, events(0..5)).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while harness.windows().await[0].position != Some(5) {
-        assert!(std::time::Instant::now() < deadline);
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
-    // Offset 5 blocks in the database, with 6..9 behind it.
-    harness.inject(&tp, events(5..10)).await;
-    actix_rt::time::sleep(Duration::from_millis(200)).await;
+    let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
 
     // Resolved offsets 0..5 are not committed: another member may own the partition already,
     // and a commit from a fenced member could move the group's position under the new owner.
@@ -400,7 +398,7 @@ async fn a_lost_assignment_commits_nothing_and_discards_later_outcomes() {
         "the lost window is gone"
     );
 
-    lock.rollback().await.unwrap();
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     actix_rt::time::sleep(Duration::from_millis(500)).await;
     assert!(
         harness.windows().await.is_empty(),
