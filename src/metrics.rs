@@ -23,6 +23,21 @@ pub const CONSUMER_LAG: &str = "history_consumer_lag";
 pub const IN_FLIGHT: &str = "history_in_flight";
 pub const ASSIGNED_PARTITIONS: &str = "history_assigned_partitions";
 pub const PARTITION_PAUSES_TOTAL: &str = "history_partition_pauses_total";
+/// Records skipped because the group's position was behind the log start (retention deleted
+/// them before they were processed): how often it happened, and how many records were lost.
+pub const OFFSET_RESETS_TOTAL: &str = "history_offset_resets_total";
+pub const OFFSET_RESET_SKIPPED_RECORDS_TOTAL: &str = "history_offset_reset_skipped_records_total";
+/// 1 while an event the database keeps rejecting holds its partition's position; labels name
+/// topic, partition, offset, event_id and the server's SQLSTATE. 0 once it resolved.
+pub const STUCK_EVENT: &str = "history_stuck_event";
+/// Dead letters stored in the table but not (yet) published to `dead_letter.topic`.
+pub const DEAD_LETTER_PUBLISH_FAILURES_TOTAL: &str = "history_dead_letter_publish_failures_total";
+/// 1 while `/readyz` would answer 200, 0 otherwise (for alerting without a blackbox probe).
+pub const READY: &str = "history_ready";
+/// `pipeline.max_in_flight_per_partition`, so alerts can compare `history_in_flight` with it.
+pub const WINDOW_LIMIT: &str = "history_window_limit";
+/// Client errors of librdkafka, by error name (the logs aggregate repeats of one error).
+pub const KAFKA_CLIENT_ERRORS_TOTAL: &str = "history_kafka_client_errors_total";
 
 /// Outcome classes, as the `outcome` label of `history_events_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
