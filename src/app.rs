@@ -7,15 +7,17 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use tracing::{info, warn};
 
 use crate::actors::Pipeline;
+use crate::actors::messages::CommitOutcome;
 use crate::actors::supervisor::{CloseConsumer, CommitFinal, KafkaSupervisor, StopFetching};
 use crate::config::{ConfigError, Settings};
 use crate::http::{self, Health};
+use crate::kafka::context::CommitterLink;
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::kafka::{self, SupervisorContext};
 use crate::metrics::{Stats, StatsSnapshot};
@@ -38,10 +40,32 @@ pub enum ServiceError {
     },
 }
 
-/// What a run did, for the demo's and the benchmark's reports.
+/// What a run did, for the demo's and the benchmark's reports and the exit code.
 #[derive(Debug, Clone)]
 pub struct RunReport {
     pub stats: StatsSnapshot,
+    pub left: Leftover,
+}
+
+/// What the final commit did not cover when the service stopped. The next owner of those
+/// partitions reads these records again: unresolved ones are written then, resolved ones come
+/// out `AlreadyApplied`. Nothing is lost either way; this measures rework, and says whether the
+/// stop was clean.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Leftover {
+    /// Records still in flight at the shutdown deadline (the database did not answer in time).
+    pub unresolved: usize,
+    /// Records written but behind an unresolved one, so no commit could cover them.
+    pub resolved_behind: usize,
+    /// Partitions whose final position the broker did not confirm.
+    pub uncommitted_partitions: usize,
+}
+
+impl Leftover {
+    /// True when the final commit covered every record this process wrote.
+    pub fn is_clean(&self) -> bool {
+        *self == Leftover::default()
+    }
 }
 
 /// Hooks a caller can observe while the service runs.
@@ -88,6 +112,7 @@ pub async fn run_with(
             None => {
                 return Ok(RunReport {
                     stats: StatsSnapshot::default(),
+                    left: Leftover::default(),
                 });
             }
         }
@@ -109,7 +134,10 @@ pub async fn run_with(
     let pipeline = Pipeline::start_with(&settings.pipeline, pool.clone(), stats.clone(), publisher);
     let joined = Arc::new(AtomicBool::new(false));
     let context = SupervisorContext::new(
-        pipeline.committer().clone(),
+        CommitterLink {
+            revoke: pipeline.committer().clone().recipient(),
+            lost: pipeline.committer().clone().recipient(),
+        },
         settings.kafka.revoke_timeout(),
         stats.clone(),
         joined.clone(),
@@ -141,9 +169,20 @@ pub async fn run_with(
 
     shutdown.await;
     info!("shutdown requested: stopping fetch, draining in-flight records");
+    let stop_deadline = Instant::now() + settings.pipeline.shutdown_timeout();
     let _ = supervisor.send(StopFetching).await;
-    let positions = pipeline.drain(settings.pipeline.shutdown_timeout()).await;
-    let _ = supervisor.send(CommitFinal(positions)).await;
+    let drained = pipeline.drain(settings.pipeline.shutdown_timeout()).await;
+    // The final commit gets what is left of the deadline, and at least one attempt.
+    let committed = supervisor
+        .send(CommitFinal {
+            positions: drained.positions.clone(),
+            deadline: stop_deadline,
+        })
+        .await
+        .unwrap_or_else(|_| CommitOutcome {
+            confirmed: Vec::new(),
+            failed: drained.positions.clone(),
+        });
     let _ = supervisor.send(CloseConsumer).await;
     if let Some(server) = http {
         server.stop(true).await;
@@ -152,14 +191,36 @@ pub async fn run_with(
     kafka_arbiter.stop();
     let _ = kafka_arbiter.join();
     let stats = stats.snapshot();
-    info!(
-        applied = stats.applied,
-        already_applied = stats.already_applied,
-        dead_letters = stats.dead_lettered,
-        unknown = stats.unknown,
-        "history-service stopped"
-    );
-    Ok(RunReport { stats })
+    let left = Leftover {
+        unresolved: drained.unresolved,
+        resolved_behind: drained.resolved_behind,
+        uncommitted_partitions: committed.failed.len(),
+    };
+    if left.is_clean() {
+        info!(
+            applied = stats.applied,
+            already_applied = stats.already_applied,
+            dead_letters = stats.dead_lettered,
+            unknown = stats.unknown,
+            committed_partitions = committed.confirmed.len(),
+            left = 0,
+            "history-service stopped: the final commit covers every record written"
+        );
+    } else {
+        warn!(
+            applied = stats.applied,
+            already_applied = stats.already_applied,
+            dead_letters = stats.dead_lettered,
+            unknown = stats.unknown,
+            unresolved = left.unresolved,
+            resolved_behind = left.resolved_behind,
+            uncommitted_partitions = left.uncommitted_partitions,
+            left = left.unresolved + left.resolved_behind,
+            "history-service stopped: records left behind the final commit; the next owner \
+             re-reads them"
+        );
+    }
+    Ok(RunReport { stats, left })
 }
 
 /// Applies migrations, retrying while the database does not answer (it may start after us, or
@@ -195,13 +256,16 @@ async fn migrate_until_done(database: &Database, settings: &Settings) -> Result<
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
+/// Completes on SIGINT, SIGTERM or SIGHUP: each asks for the same graceful stop. (SIGHUP does
+/// not reload: configuration is read at start, and a restart is how it changes.)
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
     tokio::select! {
         _ = terminate.recv() => info!("SIGTERM received"),
         _ = interrupt.recv() => info!("SIGINT received"),
+        _ = hangup.recv() => info!("SIGHUP received"),
     }
 }

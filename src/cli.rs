@@ -250,11 +250,20 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `run`'s exit code when it stopped gracefully but the final commit did not cover every
+/// record it wrote (the database or the broker did not answer in time): nothing is lost, the
+/// next owner re-reads those records.
+pub const EXIT_STOPPED_WITH_LEFTOVERS: u8 = 3;
+
 async fn run_service(settings: &Settings) -> anyhow::Result<ExitCode> {
-    crate::app::run(settings, crate::app::shutdown_signal())
+    let report = crate::app::run(settings, crate::app::shutdown_signal())
         .await
         .context("history-service failed")?;
-    Ok(ExitCode::SUCCESS)
+    Ok(if report.left.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_STOPPED_WITH_LEFTOVERS)
+    })
 }
 
 async fn run_demo(settings: &Settings, args: &DemoArgs) -> anyhow::Result<ExitCode> {

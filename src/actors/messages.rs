@@ -1,11 +1,11 @@
 //! The messages the actors exchange. A record's path:
 //!
 //! ```text
-//! Kafka side --Records--> PartitionActor --Track--> OffsetCommitter
-//!                              |  (reply: accepted, window length)
-//!                              +--WriteJobs--> DbWriter --Resolved--> OffsetCommitter
-//! OffsetCommitter --WindowUpdate--> PartitionActor --FlowControl--> Kafka side
-//! OffsetCommitter --CommitOffsets--> Kafka side
+//! Kafka side --Records--> PartitionActor --Admit--> OffsetCommitter --WriteJobs--> DbWriter
+//!                              ^  (reply: accepted, window length)            |
+//!                              +--WindowUpdate-- OffsetCommitter <--Resolved--+
+//! PartitionActor --FlowControl--> Kafka side
+//! OffsetCommitter --CommitOffsets--> Kafka side --CommitResult--> OffsetCommitter
 //! ```
 //!
 //! The Kafka side (the real supervisor or a test's mock) talks to the rest only through these
@@ -110,7 +110,8 @@ impl CommitReason {
     }
 }
 
-/// OffsetCommitter → Kafka side: commit these positions (asynchronously; periodic commits).
+/// OffsetCommitter → Kafka side: commit these positions (periodic commits). The Kafka side
+/// answers with a [`CommitResult`] once the broker confirmed or refused them.
 #[derive(Debug, Clone, Message)]
 #[rtype(result = "()")]
 pub struct CommitOffsets {
@@ -118,27 +119,47 @@ pub struct CommitOffsets {
     pub reason: CommitReason,
 }
 
-/// PartitionActor → OffsetCommitter: these offsets are about to be dispatched; track them.
-/// Awaited before dispatch, so a resolution can never reach the committer before its offset.
+/// What became of positions handed to the Kafka side for committing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitOutcome {
+    /// The broker confirmed these (or an equal or later position was confirmed before).
+    pub confirmed: Vec<CommitPosition>,
+    /// Not committed: refused by the broker, or the partition is no longer assigned.
+    pub failed: Vec<CommitPosition>,
+}
+
+impl CommitOutcome {
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty()
+    }
+}
+
+/// Kafka side → OffsetCommitter: the broker's verdict on a [`CommitOffsets`]. Only confirmed
+/// positions count as committed; the others are asked for again at the next tick.
+#[derive(Debug, Clone, Message)]
+#[rtype(result = "()")]
+pub struct CommitResult(pub CommitOutcome);
+
+/// PartitionActor → OffsetCommitter: admit these decoded records into the partition's window.
+/// The committer tracks their offsets and hands them to the writers in the same step, so a
+/// record is either tracked *and* on its way to a writer, or neither: nothing tracked can be
+/// stranded by a partition actor that stops (revoke, shutdown) before it dispatched.
 #[derive(Message)]
-#[rtype(result = "TrackReply")]
-pub struct Track {
+#[rtype(result = "AdmitReply")]
+pub struct Admit {
     pub tp: TopicPartition,
     pub epoch: Epoch,
-    pub offsets: Vec<i64>,
+    pub jobs: Vec<WriteJob>,
     /// Where the committer sends this partition's window updates.
     pub partition: Recipient<WindowUpdate>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TrackReply {
-    /// Tracked; `dispatch[i]` says whether `offsets[i]` should be written (false for an offset
-    /// already in flight). `window` is the window's state after tracking.
-    Accepted {
-        dispatch: Vec<bool>,
-        window: WindowState,
-    },
-    /// The epoch is over (revoked or lost): drop the records.
+pub enum AdmitReply {
+    /// Tracked and dispatched (an offset already in flight is not dispatched twice). `window`
+    /// is the window's state after admitting.
+    Accepted { window: WindowState },
+    /// The epoch is over (revoked, lost, or shutting down): the records were dropped.
     Rejected,
 }
 
@@ -193,14 +214,17 @@ pub struct ResolvedOffset {
 #[rtype(result = "()")]
 pub struct Resolved(pub Vec<ResolvedOffset>);
 
-/// Kafka side → OffsetCommitter: these assignments end. Returns the positions to commit
-/// synchronously before the partitions are given up. The real supervisor calls this from
-/// inside librdkafka's rebalance callback, where it cannot await: it passes `reply` and blocks
-/// on it with a deadline.
+/// Kafka side → OffsetCommitter: these assignments end. No new records are admitted for them;
+/// the committer answers once their in-flight records resolved (or `deadline` passed) with
+/// the positions to commit synchronously before the partitions are given up — each partition's
+/// contiguous resolved position, where it is ahead of the confirmed one. The real supervisor
+/// calls this from inside librdkafka's rebalance callback, where it cannot await: it passes
+/// `reply` and blocks on it.
 #[derive(Message)]
 #[rtype(result = "Vec<CommitPosition>")]
 pub struct Revoke {
     pub partitions: Vec<(TopicPartition, Epoch)>,
+    pub deadline: Duration,
     pub reply: Option<std::sync::mpsc::SyncSender<Vec<CommitPosition>>>,
 }
 
@@ -212,12 +236,24 @@ pub struct Lost {
     pub partitions: Vec<(TopicPartition, Epoch)>,
 }
 
-/// Shutdown: wait until nothing is in flight (or the deadline passes), then return the
-/// positions to commit. Tracking stops: later Track requests are rejected.
+/// Shutdown: wait until nothing is in flight (or the deadline passes), then report the
+/// positions to commit. Admitting stops: later Admit requests are rejected.
 #[derive(Message)]
-#[rtype(result = "Vec<CommitPosition>")]
+#[rtype(result = "DrainReport")]
 pub struct Drain {
     pub deadline: Duration,
+}
+
+/// Where the pipeline stands once a drain ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Each partition's contiguous resolved position, where ahead of the confirmed one.
+    pub positions: Vec<CommitPosition>,
+    /// Records still unresolved at the deadline: the next owner reads them again.
+    pub unresolved: usize,
+    /// Records resolved (written) but behind an unresolved one: no commit can cover them, so
+    /// the next owner reads them again and finds them `AlreadyApplied`.
+    pub resolved_behind: usize,
 }
 
 /// Connects the committer to the Kafka side that performs its commits.
@@ -235,11 +271,17 @@ pub struct WindowSnapshot {
     pub unresolved: usize,
     /// The position: every tracked offset before it is resolved.
     pub position: Option<i64>,
-    /// The position last handed over for committing.
-    pub committed: Option<i64>,
+    /// The position the broker last confirmed.
+    pub confirmed: Option<i64>,
 }
 
 /// Asks the committer for a snapshot of every window.
 #[derive(Message)]
 #[rtype(result = "Vec<WindowSnapshot>")]
 pub struct InspectWindows;
+
+/// Asks the committer how many outcomes it discarded because their assignment (epoch) was
+/// over: revoked or lost before the database answered.
+#[derive(Message)]
+#[rtype(result = "u64")]
+pub struct StaleOutcomes;

@@ -3,6 +3,7 @@
 //! record travels from fetch to offset commit.
 
 pub mod committer;
+pub mod dispatcher;
 pub mod messages;
 pub mod partition;
 pub mod pipeline;

@@ -1,5 +1,5 @@
-//! One PartitionActor per assigned partition: decodes its records, has their offsets tracked
-//! by the OffsetCommitter, and hands the work to the DB writers — never more than
+//! One PartitionActor per assigned partition: decodes its records and has the OffsetCommitter
+//! admit them (track their offsets and hand them to the DB writers) — never more than
 //! `max_in_flight_per_partition` records between the committed position and the newest one.
 //! When that window is full it asks the Kafka side to pause the partition, and to resume it
 //! once the window has drained to half.
@@ -10,7 +10,7 @@ use actix::prelude::*;
 use tracing::{debug, debug_span, info, warn};
 
 use super::messages::{
-    Epoch, FlowControl, Records, StopPartition, TopicPartition, Track, TrackReply, WindowState,
+    Admit, AdmitReply, Epoch, FlowControl, Records, StopPartition, TopicPartition, WindowState,
     WindowUpdate, Work, WriteJob,
 };
 use super::pipeline::Pipeline;
@@ -26,8 +26,8 @@ pub struct PartitionActor {
     pending: VecDeque<WriteJob>,
     /// The window as the committer last reported it.
     window: WindowState,
-    /// A Track request is on its way; the next waits for its reply, keeping dispatch in order.
-    tracking: bool,
+    /// An Admit request is on its way; the next waits for its reply, keeping records in order.
+    admitting: bool,
     paused: bool,
 }
 
@@ -45,7 +45,7 @@ impl PartitionActor {
             kafka,
             pending: VecDeque::new(),
             window: WindowState::default(),
-            tracking: false,
+            admitting: false,
             paused: false,
         }
     }
@@ -102,7 +102,7 @@ impl PartitionActor {
 
     /// Moves pending records into the window as far as it has room.
     fn pump(&mut self, ctx: &mut Context<Self>) {
-        if self.tracking {
+        if self.admitting {
             return;
         }
         if self.pending.is_empty() {
@@ -120,27 +120,22 @@ impl PartitionActor {
             // What is left cannot fit: stop fetching more until the window drains.
             self.pause();
         }
-        self.tracking = true;
-        let track = Track {
+        self.admitting = true;
+        let admit = Admit {
             tp: self.tp.clone(),
             epoch: self.epoch,
-            offsets: jobs.iter().map(|job| job.offset).collect(),
+            jobs,
             partition: ctx.address().recipient(),
         };
-        let request = self.pipeline.committer().send(track);
+        let request = self.pipeline.committer().send(admit);
         ctx.spawn(request.into_actor(self).map(move |reply, actor, ctx| {
-            actor.tracking = false;
+            actor.admitting = false;
             match reply {
-                Ok(TrackReply::Accepted { dispatch, window }) => {
+                Ok(AdmitReply::Accepted { window }) => {
                     actor.observe(window);
-                    let jobs = jobs
-                        .into_iter()
-                        .zip(dispatch)
-                        .filter_map(|(job, dispatch)| dispatch.then_some(job));
-                    actor.pipeline.dispatch(jobs);
                     actor.pump(ctx);
                 }
-                Ok(TrackReply::Rejected) | Err(_) => {
+                Ok(AdmitReply::Rejected) | Err(_) => {
                     debug!(tp = %actor.tp, epoch = actor.epoch, "assignment over");
                     ctx.stop();
                 }

@@ -1,17 +1,16 @@
-//! The part of the actor system that does not depend on Kafka: the OffsetCommitter, the pool of
-//! DB writers (each on its own arbiter thread), and the starting of partition actors. Both the
+//! The part of the actor system below the Kafka side: the OffsetCommitter, the pool of DB
+//! writers (each on its own arbiter thread), and the starting of partition actors. Both the
 //! real Kafka supervisor and the tests' mock supervisor drive the pipeline through this handle.
 
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
 
 use super::committer::OffsetCommitter;
+use super::dispatcher::Dispatcher;
 use super::messages::{
-    AttachKafka, CommitOffsets, CommitPosition, Drain, Epoch, FlowControl, TopicPartition, Work,
-    WriteJob, WriteJobs,
+    AttachKafka, CommitOffsets, Drain, DrainReport, Epoch, FlowControl, TopicPartition,
 };
 use super::partition::PartitionActor;
 use super::writer::{DbWriter, WriterSettings};
@@ -28,12 +27,8 @@ pub struct Pipeline {
 
 struct Shared {
     committer: Addr<OffsetCommitter>,
-    writers: Vec<Addr<DbWriter>>,
     settings: PipelineSettings,
     stats: Arc<Stats>,
-    /// Routes an event to a writer by its `event_id`, so one event is never in two concurrent
-    /// transactions of this process (no lock waits between our own writers).
-    router: std::collections::hash_map::RandomState,
     arbiters: Mutex<Vec<Arbiter>>,
 }
 
@@ -51,7 +46,6 @@ impl Pipeline {
         stats: Arc<Stats>,
         publisher: Option<Arc<DeadLetterPublisher>>,
     ) -> Pipeline {
-        let committer = OffsetCommitter::new(settings.commit_interval()).start();
         let writer_settings = WriterSettings {
             batch_max_events: settings.batch_max_events,
             batch_linger: settings.batch_linger(),
@@ -59,28 +53,32 @@ impl Pipeline {
             retry_max: settings.retry_max(),
         };
         let mut arbiters = Vec::with_capacity(settings.writers);
-        let writers = (0..settings.writers)
-            .map(|id| {
-                let arbiter = Arbiter::new();
-                let repository = PgHistoryRepository::new(pool.clone());
-                let committer = committer.clone();
-                let writer_settings = writer_settings.clone();
-                let stats = stats.clone();
-                let publisher = publisher.clone();
-                let writer = DbWriter::start_in_arbiter(&arbiter.handle(), move |_| {
-                    DbWriter::new(id, repository, publisher, committer, writer_settings, stats)
-                });
-                arbiters.push(arbiter);
-                writer
-            })
-            .collect();
+        // The committer dispatches to the writers and the writers report to the committer:
+        // `create` hands out the committer's address before the committer itself exists.
+        let committer = OffsetCommitter::create(|ctx| {
+            let me = ctx.address();
+            let writers = (0..settings.writers)
+                .map(|id| {
+                    let arbiter = Arbiter::new();
+                    let repository = PgHistoryRepository::new(pool.clone());
+                    let committer = me.clone();
+                    let writer_settings = writer_settings.clone();
+                    let stats = stats.clone();
+                    let publisher = publisher.clone();
+                    let writer = DbWriter::start_in_arbiter(&arbiter.handle(), move |_| {
+                        DbWriter::new(id, repository, publisher, committer, writer_settings, stats)
+                    });
+                    arbiters.push(arbiter);
+                    writer.recipient()
+                })
+                .collect();
+            OffsetCommitter::new(settings.commit_interval(), Dispatcher::new(writers))
+        });
         Pipeline {
             shared: Arc::new(Shared {
                 committer,
-                writers,
                 settings: settings.clone(),
                 stats,
-                router: Default::default(),
                 arbiters: Mutex::new(arbiters),
             }),
         }
@@ -113,30 +111,9 @@ impl Pipeline {
         &self.shared.stats
     }
 
-    /// Sends tracked jobs to their writers, one message per writer.
-    pub fn dispatch(&self, jobs: impl IntoIterator<Item = WriteJob>) {
-        let writers = &self.shared.writers;
-        let mut per_writer: Vec<Vec<WriteJob>> = vec![Vec::new(); writers.len()];
-        for job in jobs {
-            let index = match &job.work {
-                Work::Event(event) => self.route(&event.event_id),
-                Work::DeadLetter(_) => job.offset.unsigned_abs() as usize % writers.len(),
-            };
-            per_writer[index].push(job);
-        }
-        for (writer, jobs) in writers.iter().zip(per_writer) {
-            if !jobs.is_empty() {
-                writer.do_send(WriteJobs(jobs));
-            }
-        }
-    }
-
-    fn route(&self, event_id: &str) -> usize {
-        (self.shared.router.hash_one(event_id) % self.shared.writers.len() as u64) as usize
-    }
-
-    /// Waits until nothing is in flight or the deadline passes; returns the positions to commit.
-    pub async fn drain(&self, deadline: Duration) -> Vec<CommitPosition> {
+    /// Waits until nothing is in flight or the deadline passes; reports the positions to commit
+    /// and what is left.
+    pub async fn drain(&self, deadline: Duration) -> DrainReport {
         self.shared
             .committer
             .send(Drain { deadline })

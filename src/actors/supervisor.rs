@@ -4,18 +4,18 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use actix::prelude::*;
 use futures::StreamExt;
-use std::time::Duration;
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::Consumer;
 use tracing::{debug, error, info, warn};
 
 use super::messages::{
-    CommitOffsets, CommitPosition, Epoch, FlowControl, Record, Records, StopPartition,
-    TopicPartition,
+    CommitOffsets, CommitOutcome, CommitPosition, Epoch, FlowControl, Record, Records,
+    StopPartition, TopicPartition,
 };
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
@@ -35,7 +35,8 @@ pub struct KafkaSupervisor {
 
 impl KafkaSupervisor {
     pub fn new(consumer: Arc<HistoryConsumer>, pipeline: Pipeline) -> Self {
-        let commits = CommitWorker::start(consumer.clone(), pipeline.stats().clone());
+        let commits =
+            CommitWorker::start(consumer.clone(), pipeline.committer().clone().recipient());
         KafkaSupervisor {
             consumer: Some(consumer),
             commits: Some(commits),
@@ -175,13 +176,10 @@ impl Handler<CommitOffsets> for KafkaSupervisor {
     type Result = ();
 
     fn handle(&mut self, msg: CommitOffsets, _: &mut Context<Self>) {
-        let positions: Vec<CommitPosition> = msg
-            .positions
-            .into_iter()
-            .filter(|position| self.current_epoch(&position.tp) == Some(position.epoch))
-            .collect();
-        if let (false, Some(commits)) = (positions.is_empty(), &self.commits) {
-            commits.commit(positions, msg.reason.as_str());
+        // Positions of partitions revoked meanwhile are sorted out where commits are made, and
+        // reported back to the committer as not committed.
+        if let Some(commits) = &self.commits {
+            commits.commit(msg.positions, msg.reason.as_str());
         }
     }
 }
@@ -204,19 +202,38 @@ impl Handler<StopFetching> for KafkaSupervisor {
     }
 }
 
-/// Shutdown, step 2: commit the final positions synchronously.
+/// Shutdown, step 2: commit the final positions synchronously, retrying refusals that may
+/// pass until the deadline. Answers what the broker confirmed.
 #[derive(Message)]
-#[rtype(result = "()")]
-pub struct CommitFinal(pub Vec<CommitPosition>);
+#[rtype(result = "CommitOutcome")]
+pub struct CommitFinal {
+    pub positions: Vec<CommitPosition>,
+    pub deadline: Instant,
+}
 
 impl Handler<CommitFinal> for KafkaSupervisor {
-    type Result = ();
+    type Result = MessageResult<CommitFinal>;
 
-    fn handle(&mut self, msg: CommitFinal, _: &mut Context<Self>) {
-        if let (false, Some(commits)) = (msg.0.is_empty(), &self.commits) {
-            info!(positions = msg.0.len(), "committing final positions");
-            commits.commit_and_wait(msg.0, "shutdown", Duration::from_secs(30));
+    fn handle(&mut self, msg: CommitFinal, _: &mut Context<Self>) -> Self::Result {
+        let Some(consumer) = self.consumer() else {
+            return MessageResult(CommitOutcome {
+                confirmed: Vec::new(),
+                failed: msg.positions,
+            });
+        };
+        if msg.positions.is_empty() {
+            return MessageResult(CommitOutcome::default());
         }
+        info!(
+            positions = msg.positions.len(),
+            "committing final positions"
+        );
+        MessageResult(consumer.context().commit_until(
+            consumer,
+            &msg.positions,
+            "shutdown",
+            msg.deadline,
+        ))
     }
 }
 

@@ -1,26 +1,22 @@
 //! A thread of its own for the periodic offset commits. librdkafka reports nothing back for a
 //! manual asynchronous commit, and a synchronous one can wait long on a slow coordinator, so the
-//! supervisor hands commits to this thread instead of blocking its fetch loop. One commit runs
-//! at a time, in order, so the group's position never goes backwards by our doing.
+//! supervisor hands commits to this thread instead of blocking its fetch loop. The broker's
+//! verdict goes back to the OffsetCommitter: only confirmed positions count as committed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
-use std::time::Duration;
 
+use actix::Recipient;
 use rdkafka::consumer::Consumer;
-use tracing::warn;
 
 use super::HistoryConsumer;
-use super::context::commit_sync;
-use crate::actors::messages::{CommitPosition, TopicPartition};
-use crate::metrics::Stats;
+use crate::actors::messages::{CommitPosition, CommitResult, TopicPartition};
 
 struct CommitJob {
     positions: Vec<CommitPosition>,
     reason: &'static str,
-    done: Option<SyncSender<()>>,
 }
 
 pub struct CommitWorker {
@@ -29,11 +25,11 @@ pub struct CommitWorker {
 }
 
 impl CommitWorker {
-    pub fn start(consumer: Arc<HistoryConsumer>, stats: Arc<Stats>) -> Self {
+    pub fn start(consumer: Arc<HistoryConsumer>, results: Recipient<CommitResult>) -> Self {
         let (sender, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("history-commits".into())
-            .spawn(move || run(consumer, stats, receiver))
+            .spawn(move || run(consumer, results, receiver))
             .expect("cannot start the commit thread");
         CommitWorker {
             sender: Some(sender),
@@ -41,38 +37,10 @@ impl CommitWorker {
         }
     }
 
-    /// Queues a commit.
+    /// Queues a commit; its outcome goes to the results recipient.
     pub fn commit(&self, positions: Vec<CommitPosition>, reason: &'static str) {
         if let Some(sender) = &self.sender {
-            let _ = sender.send(CommitJob {
-                positions,
-                reason,
-                done: None,
-            });
-        }
-    }
-
-    /// Queues a commit and waits until it (and everything queued before it) is done.
-    pub fn commit_and_wait(
-        &self,
-        positions: Vec<CommitPosition>,
-        reason: &'static str,
-        timeout: Duration,
-    ) {
-        let Some(sender) = &self.sender else {
-            return;
-        };
-        let (done, finished) = mpsc::sync_channel(1);
-        let job = CommitJob {
-            positions,
-            reason,
-            done: Some(done),
-        };
-        if sender.send(job).is_ok() && finished.recv_timeout(timeout).is_err() {
-            warn!(
-                timeout_ms = timeout.as_millis() as u64,
-                "commit did not finish in time"
-            );
+            let _ = sender.send(CommitJob { positions, reason });
         }
     }
 
@@ -91,7 +59,11 @@ impl Drop for CommitWorker {
     }
 }
 
-fn run(consumer: Arc<HistoryConsumer>, stats: Arc<Stats>, jobs: Receiver<CommitJob>) {
+fn run(
+    consumer: Arc<HistoryConsumer>,
+    results: Recipient<CommitResult>,
+    jobs: Receiver<CommitJob>,
+) {
     while let Ok(first) = jobs.recv() {
         // Whatever queued up meanwhile is merged: only the newest position per partition counts.
         let mut batch = vec![first];
@@ -102,25 +74,18 @@ fn run(consumer: Arc<HistoryConsumer>, stats: Arc<Stats>, jobs: Receiver<CommitJ
             .find(|&reason| reason != "periodic")
             .unwrap_or("periodic");
         let mut newest: HashMap<TopicPartition, CommitPosition> = HashMap::new();
-        for job in &batch {
-            for position in &job.positions {
-                newest.insert(position.tp.clone(), position.clone());
+        for position in batch.into_iter().flat_map(|job| job.positions) {
+            match newest.get(&position.tp) {
+                Some(known) if (known.epoch, known.offset) >= (position.epoch, position.offset) => {
+                }
+                _ => {
+                    newest.insert(position.tp.clone(), position);
+                }
             }
         }
-        // A partition revoked since the request was made is its next owner's to commit.
-        let context = consumer.context();
-        let mut positions: Vec<CommitPosition> = newest
-            .into_values()
-            .filter(|position| context.epoch_of(&position.tp) == Some(position.epoch))
-            .collect();
+        let mut positions: Vec<CommitPosition> = newest.into_values().collect();
         positions.sort_by(|a, b| a.tp.cmp(&b.tp));
-        if !positions.is_empty() {
-            commit_sync(&*consumer, &positions, &stats, reason);
-        }
-        for job in batch {
-            if let Some(done) = job.done {
-                let _ = done.send(());
-            }
-        }
+        let (outcome, _) = consumer.context().commit(&*consumer, &positions, reason);
+        results.do_send(CommitResult(outcome));
     }
 }

@@ -2,26 +2,44 @@
 //!
 //! Rebalance callbacks run inside the consumer's poll, on the supervisor's thread. A revoke must
 //! commit before it returns (after it, the partitions are gone and commits fail), so it asks the
-//! OffsetCommitter — on another thread — for the positions and waits for the answer with a
-//! deadline. Everything else is queued as an event for the supervisor, in order with the
-//! records the same poll returns.
+//! OffsetCommitter — on another thread — to let the revoked partitions' in-flight records
+//! resolve and to name their positions, waits for the answer (bounded by
+//! `kafka.revoke_timeout_ms`), and commits them synchronously. Everything else is queued as an
+//! event for the supervisor, in order with the records the same poll returns.
+//!
+//! Every commit of this process — periodic (commit worker thread), revoke (here), shutdown
+//! (supervisor) — goes through [`SupervisorContext::commit`], which serialises them and keeps a
+//! ledger of what the broker confirmed: a position is only sent while it is ahead of the
+//! confirmed one, so the group's position never moves backwards by our doing, whichever path
+//! commits and in whatever order they race.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use actix::Addr;
+use actix::Recipient;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
-use crate::actors::committer::OffsetCommitter;
-use crate::actors::messages::{CommitPosition, Epoch, Lost, Revoke, TopicPartition};
+use crate::actors::messages::{CommitOutcome, CommitPosition, Epoch, Lost, Revoke, TopicPartition};
 use crate::metrics::{self, Stats};
+
+/// How long the revoke callback waits for the committer beyond the committer's own deadline
+/// (its mailbox may be busy when the deadline fires).
+const REVOKE_ANSWER_MARGIN: Duration = Duration::from_secs(2);
+/// Pause between attempts of a commit the broker refused for a reason that may pass.
+const COMMIT_RETRY_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The recipients the callbacks reach the actors through.
+pub struct CommitterLink {
+    pub revoke: Recipient<Revoke>,
+    pub lost: Recipient<Lost>,
+}
 
 /// A change of assignment, handed to the supervisor in order with the records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +54,7 @@ pub enum RebalanceEvent {
 
 /// State shared between the callbacks, the supervisor and the health endpoints.
 pub struct SupervisorContext {
-    committer: Addr<OffsetCommitter>,
+    committer: CommitterLink,
     revoke_timeout: Duration,
     stats: Arc<Stats>,
     events: Mutex<Vec<RebalanceEvent>>,
@@ -48,11 +66,14 @@ pub struct SupervisorContext {
     next_epoch: AtomicU64,
     /// True once the consumer has joined its group and received an assignment (maybe empty).
     joined: Arc<AtomicBool>,
+    /// The newest position the broker confirmed per partition. Held while a commit is under
+    /// way, so commits from the three paths never interleave.
+    ledger: Mutex<HashMap<TopicPartition, i64>>,
 }
 
 impl SupervisorContext {
     pub fn new(
-        committer: Addr<OffsetCommitter>,
+        committer: CommitterLink,
         revoke_timeout: Duration,
         stats: Arc<Stats>,
         joined: Arc<AtomicBool>,
@@ -66,6 +87,7 @@ impl SupervisorContext {
             epochs: Mutex::new(HashMap::new()),
             next_epoch: AtomicU64::new(1),
             joined,
+            ledger: Mutex::new(HashMap::new()),
         }
     }
 
@@ -84,23 +106,120 @@ impl SupervisorContext {
         self.notify.notify_one();
     }
 
-    fn take_epochs(&self, tpl: &TopicPartitionList) -> Vec<(TopicPartition, Epoch)> {
-        let mut epochs = self.epochs.lock().unwrap();
+    /// The current epochs of the listed partitions (those assigned here).
+    fn epochs_of(&self, tpl: &TopicPartitionList) -> Vec<(TopicPartition, Epoch)> {
+        let epochs = self.epochs.lock().unwrap();
         tpl.elements()
             .iter()
             .filter_map(|element| {
                 let tp = TopicPartition::new(element.topic(), element.partition());
-                epochs.remove(&tp).map(|epoch| (tp, epoch))
+                epochs.get(&tp).map(|&epoch| (tp, epoch))
             })
             .collect()
     }
 
+    /// Ends the assignments: from now on their positions are the next owner's to commit.
+    fn forget(&self, partitions: &[(TopicPartition, Epoch)]) {
+        let mut epochs = self.epochs.lock().unwrap();
+        for (tp, epoch) in partitions {
+            if epochs.get(tp) == Some(epoch) {
+                epochs.remove(tp);
+            }
+        }
+        metrics::set_assigned_partitions(epochs.len());
+    }
+
+    /// Commits the positions that are ahead of what the broker confirmed, synchronously, and
+    /// reports what is committed now. A position of a partition no longer assigned here (its
+    /// epoch is over) is not sent: it is its next owner's to commit.
+    pub fn commit<C: Consumer<SupervisorContext>>(
+        &self,
+        consumer: &C,
+        positions: &[CommitPosition],
+        reason: &'static str,
+    ) -> (CommitOutcome, Option<KafkaError>) {
+        let mut ledger = self.ledger.lock().unwrap();
+        let mut outcome = CommitOutcome::default();
+        let mut send = Vec::new();
+        for position in positions {
+            if self.epoch_of(&position.tp) != Some(position.epoch) {
+                debug!(tp = %position.tp, epoch = position.epoch, "not committed: assignment over");
+                outcome.failed.push(position.clone());
+                continue;
+            }
+            match ledger.get(&position.tp) {
+                // Confirmed already, or a later position was (a revoke or the final commit
+                // overtook this one): sending it would move the group's position backwards.
+                Some(&confirmed) if confirmed >= position.offset => {
+                    outcome.confirmed.push(position.clone())
+                }
+                _ => send.push(position.clone()),
+            }
+        }
+        let mut error = None;
+        if !send.is_empty() {
+            match commit_sync(consumer, &send, &self.stats, reason) {
+                Ok(()) => {
+                    for position in &send {
+                        ledger.insert(position.tp.clone(), position.offset);
+                    }
+                    outcome.confirmed.extend(send);
+                }
+                Err(err) => {
+                    outcome.failed.extend(send);
+                    error = Some(err);
+                }
+            }
+        }
+        (outcome, error)
+    }
+
+    /// [`commit`](Self::commit), retried while the broker's refusal may pass and `deadline` is
+    /// ahead. At least one attempt is made.
+    pub fn commit_until<C: Consumer<SupervisorContext>>(
+        &self,
+        consumer: &C,
+        positions: &[CommitPosition],
+        reason: &'static str,
+        deadline: Instant,
+    ) -> CommitOutcome {
+        let mut done = CommitOutcome::default();
+        let mut pending = positions.to_vec();
+        loop {
+            let (outcome, error) = self.commit(consumer, &pending, reason);
+            done.confirmed.extend(outcome.confirmed);
+            let retry = error.as_ref().is_some_and(may_pass)
+                && Instant::now() + COMMIT_RETRY_BACKOFF < deadline;
+            if !retry {
+                done.failed.extend(outcome.failed);
+                return done;
+            }
+            // Positions whose assignment ended cannot succeed; keep only the others.
+            pending = outcome
+                .failed
+                .into_iter()
+                .filter(|position| {
+                    let current = self.epoch_of(&position.tp) == Some(position.epoch);
+                    if !current {
+                        done.failed.push(position.clone());
+                    }
+                    current
+                })
+                .collect();
+            if pending.is_empty() {
+                return done;
+            }
+            std::thread::sleep(COMMIT_RETRY_BACKOFF);
+        }
+    }
+
     fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
-        let partitions = self.take_epochs(tpl);
+        let partitions = self.epochs_of(tpl);
         if consumer.assignment_lost() {
             warn!(partitions = ?names(&partitions), "assignment lost: nothing is committed");
             self.stats.rebalance("lost");
-            self.committer.do_send(Lost {
+            self.forget(&partitions);
+            self.committer.lost.do_send(Lost {
                 partitions: partitions.clone(),
             });
             self.joined.store(false, Ordering::Relaxed);
@@ -111,22 +230,45 @@ impl SupervisorContext {
             return;
         }
         self.stats.rebalance("revoke");
-        info!(partitions = ?names(&partitions), "partitions revoked");
+        info!(
+            partitions = ?names(&partitions),
+            protocol = protocol_name(consumer.rebalance_protocol()),
+            "partitions revoked: letting their in-flight records resolve, then committing"
+        );
+        let started = Instant::now();
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        self.committer.do_send(Revoke {
+        let _ = self.committer.revoke.try_send(Revoke {
             partitions: partitions.clone(),
+            deadline: self.revoke_timeout,
             reply: Some(reply),
         });
-        match answer.recv_timeout(self.revoke_timeout) {
+        match answer.recv_timeout(self.revoke_timeout + REVOKE_ANSWER_MARGIN) {
             Ok(positions) if positions.is_empty() => {}
             Ok(positions) => {
-                commit_sync(consumer, &positions, &self.stats, "revoke");
+                let outcome = self.commit_until(
+                    consumer,
+                    &positions,
+                    "revoke",
+                    started + self.revoke_timeout,
+                );
+                if !outcome.is_complete() {
+                    warn!(
+                        failed = ?outcome.failed,
+                        "revoked partitions' positions not committed: their next owner re-reads \
+                         from the last confirmed position"
+                    );
+                }
             }
             Err(_) => warn!(
                 timeout_ms = self.revoke_timeout.as_millis() as u64,
                 "the committer did not answer the revoke in time: nothing committed"
             ),
         }
+        debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "revoke handled"
+        );
+        self.forget(&partitions);
         self.push(RebalanceEvent::Revoked {
             partitions,
             lost: false,
@@ -154,6 +296,14 @@ impl SupervisorContext {
     }
 }
 
+fn protocol_name(protocol: rdkafka::consumer::RebalanceProtocol) -> &'static str {
+    match protocol {
+        rdkafka::consumer::RebalanceProtocol::Cooperative => "cooperative",
+        rdkafka::consumer::RebalanceProtocol::Eager => "eager",
+        rdkafka::consumer::RebalanceProtocol::None => "none",
+    }
+}
+
 fn names(partitions: &[(TopicPartition, Epoch)]) -> Vec<String> {
     partitions.iter().map(|(tp, _)| tp.to_string()).collect()
 }
@@ -172,27 +322,42 @@ pub fn commit_list(positions: &[CommitPosition]) -> TopicPartitionList {
     tpl
 }
 
+/// Whether a refused commit may succeed if tried again soon. A refusal tied to the group's
+/// generation (a rebalance under way, a member the coordinator no longer knows) will not pass
+/// while we hold up the rebalance by retrying.
+fn may_pass(error: &KafkaError) -> bool {
+    !matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::RebalanceInProgress
+                | RDKafkaErrorCode::IllegalGeneration
+                | RDKafkaErrorCode::UnknownMemberId
+                | RDKafkaErrorCode::FencedInstanceId
+                | RDKafkaErrorCode::State
+                | RDKafkaErrorCode::UnknownPartition
+        )
+    )
+}
+
 /// Commits and waits for the broker's answer, then records the outcome. (librdkafka reports
-/// nothing back for manual asynchronous commits, so every commit here is synchronous: the
-/// periodic ones on the commit worker's thread, revoke ones inside the rebalance callback.)
-pub fn commit_sync<C: ConsumerContext>(
+/// nothing back for manual asynchronous commits, so every commit here is synchronous.)
+fn commit_sync<C: ConsumerContext>(
     consumer: &impl Consumer<C>,
     positions: &[CommitPosition],
     stats: &Stats,
     reason: &'static str,
-) -> bool {
+) -> Result<(), KafkaError> {
     let tpl = commit_list(positions);
     match consumer.commit(&tpl, CommitMode::Sync) {
         Ok(()) => {
             log_committed(&tpl, reason);
             stats.commit(reason, "ok");
-            true
+            Ok(())
         }
         Err(err) => {
-            // Expected for partitions revoked meanwhile: their next owner commits them.
             warn!(error = %err, reason, positions = ?positions, "offset commit failed");
             stats.commit(reason, "error");
-            false
+            Err(err)
         }
     }
 }

@@ -75,7 +75,11 @@ pub fn consumer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigE
         )
         // With the prefetch bounded, a partition whose queue is full is fetched again as soon
         // as it drains; librdkafka's default (1 s) idles the consumer during a backlog.
-        .set("fetch.queue.backoff.ms", "10");
+        .set("fetch.queue.backoff.ms", "10")
+        // Incremental cooperative rebalancing: a member joining or leaving revokes only the
+        // partitions that move, and the others keep flowing. `kafka.properties` may override
+        // it (e.g. `range,roundrobin` for an eager group); every rebalance path works with both.
+        .set("partition.assignment.strategy", "cooperative-sticky");
     for (key, value) in settings.librdkafka_properties()? {
         config.set(key, value.expose_secret());
     }

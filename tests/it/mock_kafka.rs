@@ -1,5 +1,7 @@
 //! A mock Kafka supervisor: stands where the real one does, injects records at any offsets, in
-//! any order, on any partitions, and records every commit and flow-control request it gets.
+//! any order, on any partitions, and records every commit and flow-control request it gets. It
+//! answers commits like a broker — confirmed, or refused when told to refuse — and commits the
+//! positions a revoke returns, as the real rebalance callback does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -8,16 +10,54 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use history_service::actors::Pipeline;
 use history_service::actors::messages::{
-    CommitOffsets, CommitPosition, Epoch, FlowControl, InspectWindows, Lost, Record, Records,
-    Revoke, StopPartition, TopicPartition, WindowSnapshot,
+    CommitOffsets, CommitOutcome, CommitPosition, CommitResult, Epoch, FlowControl, InspectWindows,
+    Lost, Record, Records, Revoke, StaleOutcomes, StopPartition, TopicPartition, WindowSnapshot,
 };
 use history_service::actors::partition::PartitionActor;
 
 /// What the mock was asked to do.
 #[derive(Default, Debug)]
 pub struct MockLog {
+    /// Commits the mock confirmed, in order (periodic and revoke).
     pub commits: Vec<CommitPosition>,
+    /// Commits the mock refused.
+    pub refused: Vec<CommitPosition>,
+    /// What each revoke returned, in order.
+    pub revoked: Vec<Vec<CommitPosition>>,
     pub flow: Vec<FlowControl>,
+    /// How many of the next commit requests to refuse.
+    pub refuse_next: usize,
+}
+
+impl MockLog {
+    /// Confirms or refuses a commit, like a broker; positions of partitions not assigned (in
+    /// that epoch) are refused, like librdkafka's `__STATE`.
+    fn commit(
+        &mut self,
+        positions: Vec<CommitPosition>,
+        assigned: &HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
+    ) -> CommitOutcome {
+        let mut outcome = CommitOutcome::default();
+        if self.refuse_next > 0 {
+            self.refuse_next -= 1;
+            self.refused.extend(positions.iter().cloned());
+            outcome.failed = positions;
+            return outcome;
+        }
+        for position in positions {
+            let current = assigned
+                .get(&position.tp)
+                .is_some_and(|(epoch, _)| *epoch == position.epoch);
+            if current {
+                self.commits.push(position.clone());
+                outcome.confirmed.push(position);
+            } else {
+                self.refused.push(position.clone());
+                outcome.failed.push(position);
+            }
+        }
+        outcome
+    }
 }
 
 pub struct MockKafka {
@@ -38,9 +78,12 @@ pub struct Assign(pub TopicPartition, pub Epoch);
 #[rtype(result = "()")]
 pub struct Inject(pub TopicPartition, pub Vec<Record>);
 
+/// Revokes a partition as the real rebalance callback does: the committer lets its in-flight
+/// records resolve (up to the deadline), the returned positions are committed, then the
+/// partition actor is stopped. Answers what the revoke returned.
 #[derive(Message)]
 #[rtype(result = "Vec<CommitPosition>")]
-pub struct RevokePartition(pub TopicPartition);
+pub struct RevokePartition(pub TopicPartition, pub Duration);
 
 impl Handler<Assign> for MockKafka {
     type Result = ();
@@ -63,20 +106,50 @@ impl Handler<Inject> for MockKafka {
 }
 
 impl Handler<RevokePartition> for MockKafka {
-    type Result = ResponseFuture<Vec<CommitPosition>>;
+    type Result = ResponseActFuture<Self, Vec<CommitPosition>>;
     fn handle(&mut self, msg: RevokePartition, _: &mut Context<Self>) -> Self::Result {
-        let (epoch, actor) = self.partitions.remove(&msg.0).expect("assigned");
-        actor.do_send(StopPartition);
+        let epoch = self.partitions[&msg.0].0;
         let committer = self.pipeline.committer().clone();
-        Box::pin(async move {
-            committer
-                .send(Revoke {
-                    partitions: vec![(msg.0, epoch)],
-                    reply: None,
-                })
-                .await
-                .unwrap()
-        })
+        let revoke = committer.send(Revoke {
+            partitions: vec![(msg.0.clone(), epoch)],
+            deadline: msg.1,
+            reply: None,
+        });
+        Box::pin(revoke.into_actor(self).map(move |positions, mock, _| {
+            let positions = positions.unwrap();
+            {
+                let mut log = mock.log.lock().unwrap();
+                log.revoked.push(positions.clone());
+                log.commit(positions.clone(), &mock.partitions);
+            }
+            let (_, actor) = mock.partitions.remove(&msg.0).expect("assigned");
+            actor.do_send(StopPartition);
+            positions
+        }))
+    }
+}
+
+/// Answers once every message sent to the mock before it was handled.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Barrier;
+
+impl Handler<Barrier> for MockKafka {
+    type Result = ();
+    fn handle(&mut self, _: Barrier, _: &mut Context<Self>) {}
+}
+
+/// Stops every partition actor, as shutdown does before it drains.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopAll;
+
+impl Handler<StopAll> for MockKafka {
+    type Result = ();
+    fn handle(&mut self, _: StopAll, _: &mut Context<Self>) {
+        for (_, actor) in self.partitions.values() {
+            actor.do_send(StopPartition);
+        }
     }
 }
 
@@ -105,7 +178,12 @@ impl Handler<LosePartition> for MockKafka {
 impl Handler<CommitOffsets> for MockKafka {
     type Result = ();
     fn handle(&mut self, msg: CommitOffsets, _: &mut Context<Self>) {
-        self.log.lock().unwrap().commits.extend(msg.positions);
+        let outcome = self
+            .log
+            .lock()
+            .unwrap()
+            .commit(msg.positions, &self.partitions);
+        self.pipeline.committer().do_send(CommitResult(outcome));
     }
 }
 
@@ -146,6 +224,16 @@ impl Harness {
 
     pub async fn inject(&self, tp: &TopicPartition, records: Vec<Record>) {
         self.kafka.send(Inject(tp.clone(), records)).await.unwrap();
+    }
+
+    /// Refuses the next `count` commit requests, as a broker in trouble would.
+    pub fn refuse_commits(&self, count: usize) {
+        self.log.lock().unwrap().refuse_next = count;
+    }
+
+    /// Outcomes the committer discarded because their assignment was over.
+    pub async fn stale_outcomes(&self) -> u64 {
+        self.pipeline.committer().send(StaleOutcomes).await.unwrap()
     }
 
     pub async fn windows(&self) -> Vec<WindowSnapshot> {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use history_service::actors::Pipeline;
-use history_service::actors::messages::{FlowControl, Record, TopicPartition};
+use history_service::actors::messages::{FlowControl, Record, TopicPartition, WindowSnapshot};
 use history_service::config::PipelineSettings;
 use history_service::dev::workload::{event_payload, seed_records};
 use history_service::metrics::Stats;
@@ -61,11 +61,7 @@ async fn resolve_5_then_block_at_5(
     harness: &Harness,
     tp: &TopicPartition,
 ) -> tokio_postgres::Client {
-    let blocker = db.client().await;
-    blocker
-        .batch_execute("BEGIN; INSERT INTO inbox VALUES ('evt-5')")
-        .await
-        .unwrap();
+    let blocker = hold(db, "evt-5").await;
     harness.inject(tp, events(0..5)).await;
     let deadline = std::time::Instant::now() + WAIT;
     while harness.windows().await[0].position != Some(5) {
@@ -73,7 +69,51 @@ async fn resolve_5_then_block_at_5(
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
     harness.inject(tp, events(5..10)).await;
-    actix_rt::time::sleep(Duration::from_millis(200)).await;
+    wait_caught_up(db, harness, 5).await;
+    blocker
+}
+
+/// Waits until at least `rows` history rows are written and the committer has heard of every
+/// row written (one row per offset: unique events), so what is unresolved now is held up.
+async fn wait_caught_up(db: &TestDb, harness: &Harness, rows: i64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let written = db.count("history_events").await;
+        let windows = harness.windows().await;
+        let resolved = windows
+            .first()
+            .map(|w| w.position.unwrap_or(0) + (w.len - w.unresolved) as i64);
+        if written >= rows && resolved == Some(written) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{written} rows, {windows:?}"
+        );
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits until the (only) window satisfies `condition`.
+async fn wait_window(harness: &Harness, condition: impl Fn(&WindowSnapshot) -> bool) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let windows = harness.windows().await;
+        if windows.first().is_some_and(&condition) {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{windows:?}");
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Holds `event_id`'s inbox marker in an open transaction: its write waits until `ROLLBACK`.
+async fn hold(db: &TestDb, event_id: &str) -> tokio_postgres::Client {
+    let blocker = db.client().await;
+    blocker
+        .batch_execute(&format!("BEGIN; INSERT INTO inbox VALUES ('{event_id}')"))
+        .await
+        .unwrap();
     blocker
 }
 
@@ -114,12 +154,7 @@ async fn a_record_blocked_in_the_database_holds_the_commit_while_later_ones_reso
 
     harness.inject(&tp, events(0..40)).await;
     // Later records resolve out of order, on the other writers...
-    let deadline = std::time::Instant::now() + WAIT;
-    while db.count("history_events").await == 0 {
-        assert!(std::time::Instant::now() < deadline, "nothing resolved");
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    actix_rt::time::sleep(Duration::from_millis(300)).await;
+    wait_caught_up(&db, &harness, 1).await;
     // ...but nothing is committed past the unresolved offset 0.
     assert_eq!(harness.committed(&tp), None);
     let window = &harness.windows().await[0];
@@ -165,14 +200,13 @@ async fn an_unknown_outcome_blocks_the_commit_until_the_database_recovers() {
         );
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     }
-    actix_rt::time::sleep(Duration::from_millis(300)).await;
+    // Records after offset 5 resolve, and still nothing is committed past it.
+    wait_caught_up(&db, &harness, 6).await;
     assert_eq!(
         harness.committed(&tp),
         Some(5),
         "never past the unknown offset 5"
     );
-    let window = &harness.windows().await[0];
-    assert!(window.unresolved >= 1, "{window:?}");
     assert!(
         db.count("history_events").await > 5,
         "records after offset 5 are resolved meanwhile"
@@ -328,49 +362,156 @@ async fn poison_records_are_dead_lettered_and_resolve_their_offsets() {
     harness.stop();
 }
 
-#[actix_rt::test]
-async fn a_revoked_partition_hands_over_its_position_and_later_outcomes_are_discarded() {
-    let db = TestDb::migrated().await;
-    let harness = start(
-        &db,
-        &pipeline_settings(|p| p.commit_interval_ms = 3_600_000),
-    );
-    let tp = TopicPartition::new("t", 0);
-    harness.assign(&tp, 1).await;
+/// A record whose offset is `offset` but whose event is `evt-{event}`: what a recreated topic
+/// (or a test) can put at an offset another assignment already read.
+fn other_event_at(offset: i64, event: i64) -> Record {
+    record(offset, self::event(event))
+}
 
-    let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
-
-    let positions = harness
-        .kafka
-        .send(crate::mock_kafka::RevokePartition(tp.clone()))
-        .await
-        .unwrap();
-    assert_eq!(positions.len(), 1);
-    assert_eq!((positions[0].offset, positions[0].epoch), (5, 1));
-
-    // The blocked write completes after the revoke: its outcome belongs to a dead epoch.
-    blocker.batch_execute("ROLLBACK").await.unwrap();
-    actix_rt::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        harness.windows().await.is_empty(),
-        "the revoked window is gone"
-    );
-    assert!(harness.log.lock().unwrap().commits.is_empty());
-
-    // A new assignment starts clean, from wherever the group's position is.
-    harness.assign(&tp, 2).await;
-    harness.inject(&tp, events(5..12)).await;
+/// Waits until the committer discarded `count` outcomes of ended assignments, or until the
+/// window moved past `offset` (which a stale outcome must never cause).
+async fn wait_stale_or_moved(harness: &Harness, count: u64, offset: i64) {
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         let windows = harness.windows().await;
-        if windows.first().and_then(|w| w.position) == Some(12) {
-            assert_eq!(windows[0].epoch, 2);
-            break;
+        let moved = windows.first().and_then(|w| w.position) > Some(offset);
+        if moved || harness.stale_outcomes().await >= count {
+            return;
         }
         assert!(std::time::Instant::now() < deadline, "{windows:?}");
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(db.count("history_events").await, 12);
+}
+
+#[actix_rt::test]
+async fn a_revoke_lets_in_flight_records_resolve_then_hands_over_the_whole_position() {
+    let db = TestDb::migrated().await;
+    let harness = start(
+        &db,
+        &pipeline_settings(|p| {
+            p.commit_interval_ms = 3_600_000;
+            // The writers are still lingering when the revoke arrives.
+            p.batch_linger_ms = 300;
+        }),
+    );
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    harness.inject(&tp, events(0..200)).await;
+    wait_window(&harness, |w| w.len == 200).await;
+
+    let positions = harness
+        .kafka
+        .send(crate::mock_kafka::RevokePartition(tp.clone(), WAIT))
+        .await
+        .unwrap();
+    assert_eq!(positions.len(), 1);
+    assert_eq!(
+        (positions[0].offset, positions[0].epoch),
+        (200, 1),
+        "everything admitted before the revoke resolves and is handed over"
+    );
+    assert_eq!(harness.committed(&tp), Some(200));
+    assert_eq!(db.count("history_events").await, 200);
+    assert!(harness.windows().await.is_empty());
+    harness.stop();
+}
+
+#[actix_rt::test]
+async fn a_revoked_partition_admits_nothing_new_while_it_drains() {
+    let db = TestDb::migrated().await;
+    let harness = start(
+        &db,
+        &pipeline_settings(|p| {
+            p.commit_interval_ms = 3_600_000;
+            p.max_in_flight_per_partition = 5;
+        }),
+    );
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    // evt-0 waits in the database; the window fills with 0..5 and 5..20 wait in the actor.
+    let blocker = hold(&db, "evt-0").await;
+    harness.inject(&tp, events(0..20)).await;
+    wait_window(&harness, |w| w.len == 5).await;
+
+    let revoke = harness
+        .kafka
+        .send(crate::mock_kafka::RevokePartition(tp.clone(), WAIT));
+    let revoke = actix_rt::spawn(revoke);
+    // The revoke has begun when the window stops accepting: then let offset 0 resolve. The
+    // partition actor, told the window drained, asks to admit 5..10 — which must be refused.
+    harness
+        .kafka
+        .send(crate::mock_kafka::Barrier)
+        .await
+        .unwrap();
+    // The mock has asked the committer to revoke; this inspection queues behind that request.
+    harness.windows().await;
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    let positions = revoke.await.unwrap().unwrap();
+    assert_eq!(
+        positions.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![5],
+        "only what was admitted before the revoke is handed over"
+    );
+    assert_eq!(db.count("history_events").await, 5);
+    harness.stop();
+}
+
+#[actix_rt::test]
+async fn a_revoke_deadline_hands_over_the_contiguous_position_and_stale_outcomes_are_discarded() {
+    let db = TestDb::migrated().await;
+    // One event per transaction: a held-up event holds up no other.
+    let harness = start(
+        &db,
+        &pipeline_settings(|p| {
+            p.commit_interval_ms = 50;
+            p.batch_max_events = 1;
+        }),
+    );
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
+
+    // Offset 5 stays blocked past the deadline: 6..9 are written but not covered.
+    let positions = harness
+        .kafka
+        .send(crate::mock_kafka::RevokePartition(
+            tp.clone(),
+            Duration::from_millis(200),
+        ))
+        .await
+        .unwrap();
+    assert!(positions.iter().all(|p| p.offset == 5), "{positions:?}");
+    assert_eq!(harness.committed(&tp), Some(5));
+
+    // The next assignment finds another event at offset 5 (a recreated topic), itself held
+    // up in the database. Epoch 1's write of evt-5 then completes: its outcome must not
+    // resolve epoch 2's offset 5, whose event is not written.
+    harness.assign(&tp, 2).await;
+    let second = hold(&db, "evt-105").await;
+    harness
+        .inject(&tp, vec![other_event_at(5, 105), other_event_at(6, 106)])
+        .await;
+    wait_window(&harness, |w| w.epoch == 2 && w.len == 2).await;
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    wait_stale_or_moved(&harness, 1, 4).await;
+    let window = &harness.windows().await[0];
+    assert_eq!(
+        (window.epoch, window.position),
+        (2, None),
+        "an outcome of the revoked epoch resolved the new epoch's offset 5: {window:?}"
+    );
+
+    second.batch_execute("ROLLBACK").await.unwrap();
+    harness.wait_committed(&tp, 7, WAIT).await;
+    {
+        let log = harness.log.lock().unwrap();
+        assert!(
+            log.commits.iter().all(|c| c.epoch == 2 || c.offset <= 5),
+            "{:?}",
+            log.commits
+        );
+    }
     harness.stop();
 }
 
@@ -379,11 +520,13 @@ async fn a_lost_assignment_commits_nothing_and_discards_later_outcomes() {
     let db = TestDb::migrated().await;
     let harness = start(
         &db,
-        &pipeline_settings(|p| p.commit_interval_ms = 3_600_000),
+        &pipeline_settings(|p| {
+            p.commit_interval_ms = 3_600_000;
+            p.batch_max_events = 1;
+        }),
     );
     let tp = TopicPartition::new("t", 0);
     harness.assign(&tp, 1).await;
-
     let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
 
     // Resolved offsets 0..5 are not committed: another member may own the partition already,
@@ -398,24 +541,83 @@ async fn a_lost_assignment_commits_nothing_and_discards_later_outcomes() {
         "the lost window is gone"
     );
 
+    // Rejoined: the group's position is still 0 and offset 5 now holds another event.
+    harness.assign(&tp, 2).await;
+    let second = hold(&db, "evt-105").await;
+    let mut again = events(0..5);
+    again.push(other_event_at(5, 105));
+    harness.inject(&tp, again).await;
+    wait_window(&harness, |w| {
+        w.epoch == 2 && w.len + w.position.unwrap_or(0) as usize == 6
+    })
+    .await;
     blocker.batch_execute("ROLLBACK").await.unwrap();
-    actix_rt::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        harness.windows().await.is_empty(),
-        "an outcome of the lost epoch does not bring its window back"
+    wait_stale_or_moved(&harness, 1, 5).await;
+    // Epoch 2's own 0..5 resolve as AlreadyApplied; its offset 5 (evt-105) stays held up.
+    wait_window(&harness, |w| w.position == Some(5)).await;
+    assert_eq!(
+        harness.windows().await[0].position,
+        Some(5),
+        "an outcome of the lost epoch moved the new epoch's position"
     );
-    let positions = harness.pipeline.drain(WAIT).await;
-    assert!(
-        positions.is_empty(),
-        "shutdown commits nothing: {positions:?}"
+    let report = harness.pipeline.drain(Duration::from_millis(100)).await;
+    assert_eq!(
+        report
+            .positions
+            .iter()
+            .map(|p| (p.epoch, p.offset))
+            .collect::<Vec<_>>(),
+        vec![(2, 5)],
+        "only the new assignment's position is handed over"
     );
     assert!(harness.log.lock().unwrap().commits.is_empty());
-    // The rows themselves are safe: the next owner re-reads 0.. and finds them applied.
-    let deadline = std::time::Instant::now() + WAIT;
-    while db.count("history_events").await != 10 {
-        assert!(std::time::Instant::now() < deadline);
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    second.batch_execute("ROLLBACK").await.unwrap();
+    harness.stop();
+}
+
+#[actix_rt::test]
+async fn a_refused_commit_is_retried_until_the_broker_confirms_it() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|p| p.commit_interval_ms = 20));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    harness.refuse_commits(3);
+    harness.inject(&tp, events(0..10)).await;
+    // The partition goes idle after this: only a retry of the refused position commits it.
+    harness.wait_committed(&tp, 10, WAIT).await;
+    {
+        let log = harness.log.lock().unwrap();
+        assert_eq!(log.refuse_next, 0);
+        assert!(log.refused.len() >= 3, "{:?}", log.refused);
     }
+    wait_window(&harness, |w| w.confirmed == Some(10)).await;
+    harness.stop();
+}
+
+#[actix_rt::test]
+async fn drain_returns_a_position_whose_periodic_commit_was_refused() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|p| p.commit_interval_ms = 20));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    harness.refuse_commits(usize::MAX);
+    harness.inject(&tp, events(0..10)).await;
+    wait_window(&harness, |w| w.position == Some(10)).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while harness.log.lock().unwrap().refused.is_empty() {
+        assert!(std::time::Instant::now() < deadline);
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+    let report = harness.pipeline.drain(WAIT).await;
+    assert_eq!(
+        report
+            .positions
+            .iter()
+            .map(|p| p.offset)
+            .collect::<Vec<_>>(),
+        vec![10],
+        "a refused commit is not a commit: shutdown must commit it again"
+    );
     harness.stop();
 }
 
@@ -432,10 +634,47 @@ async fn drain_waits_for_in_flight_records_and_returns_the_final_positions() {
     let tp = TopicPartition::new("t", 0);
     harness.assign(&tp, 1).await;
     harness.inject(&tp, events(0..500)).await;
-    // Ask right away: the writers are still lingering or writing.
-    let positions = harness.pipeline.drain(WAIT).await;
-    assert_eq!(positions.len(), 1);
-    assert_eq!(positions[0].offset, 500);
+    wait_window(&harness, |w| {
+        w.len + w.position.unwrap_or(0) as usize == 500
+    })
+    .await;
+    // Stop the partition actor first, as shutdown does: what it admitted still completes.
+    harness
+        .kafka
+        .send(crate::mock_kafka::StopAll)
+        .await
+        .unwrap();
+    // Ask right away: the writers are still lingering or writing. A drain that ran out its
+    // deadline would report records still unresolved.
+    let report = harness.pipeline.drain(WAIT).await;
+    assert_eq!((report.unresolved, report.resolved_behind), (0, 0));
+    assert_eq!(report.positions.len(), 1);
+    assert_eq!(report.positions[0].offset, 500);
     assert_eq!(db.count("history_events").await, 500);
+    harness.stop();
+}
+
+#[actix_rt::test]
+async fn drain_at_its_deadline_reports_what_is_left() {
+    let db = TestDb::migrated().await;
+    let harness = start(
+        &db,
+        &pipeline_settings(|p| p.commit_interval_ms = 3_600_000),
+    );
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
+    let report = harness.pipeline.drain(Duration::from_millis(100)).await;
+    assert_eq!(
+        report
+            .positions
+            .iter()
+            .map(|p| p.offset)
+            .collect::<Vec<_>>(),
+        vec![5]
+    );
+    assert!(report.unresolved >= 1, "{report:?}");
+    assert_eq!(report.unresolved + report.resolved_behind, 5, "{report:?}");
+    blocker.batch_execute("ROLLBACK").await.unwrap();
     harness.stop();
 }
