@@ -29,6 +29,8 @@ use tracing::{debug, error, info, warn};
 use crate::actors::messages::{CommitOutcome, CommitPosition, Epoch, Lost, Revoke, TopicPartition};
 use crate::metrics::{self, Stats};
 
+use super::commit_ledger::CommitLedger;
+
 /// How long the revoke callback waits for the committer beyond the committer's own deadline
 /// (its mailbox may be busy when the deadline fires).
 const REVOKE_ANSWER_MARGIN: Duration = Duration::from_secs(2);
@@ -68,7 +70,7 @@ pub struct SupervisorContext {
     joined: Arc<AtomicBool>,
     /// The newest position the broker confirmed per partition. Held while a commit is under
     /// way, so commits from the three paths never interleave.
-    ledger: Mutex<HashMap<TopicPartition, i64>>,
+    ledger: Mutex<CommitLedger>,
 }
 
 impl SupervisorContext {
@@ -87,7 +89,7 @@ impl SupervisorContext {
             epochs: Mutex::new(HashMap::new()),
             next_epoch: AtomicU64::new(1),
             joined,
-            ledger: Mutex::new(HashMap::new()),
+            ledger: Mutex::new(CommitLedger::default()),
         }
     }
 
@@ -139,39 +141,20 @@ impl SupervisorContext {
         reason: &'static str,
     ) -> (CommitOutcome, Option<KafkaError>) {
         let mut ledger = self.ledger.lock().unwrap();
-        let mut outcome = CommitOutcome::default();
-        let mut send = Vec::new();
-        for position in positions {
-            if self.epoch_of(&position.tp) != Some(position.epoch) {
-                debug!(tp = %position.tp, epoch = position.epoch, "not committed: assignment over");
-                outcome.failed.push(position.clone());
-                continue;
-            }
-            match ledger.get(&position.tp) {
-                // Confirmed already, or a later position was (a revoke or the final commit
-                // overtook this one): sending it would move the group's position backwards.
-                Some(&confirmed) if confirmed >= position.offset => {
-                    outcome.confirmed.push(position.clone())
-                }
-                _ => send.push(position.clone()),
-            }
+        let plan = ledger.plan(positions, |tp| self.epoch_of(tp));
+        for position in &plan.not_ours {
+            debug!(tp = %position.tp, epoch = position.epoch, "not committed: assignment over");
         }
-        let mut error = None;
-        if !send.is_empty() {
-            match commit_sync(consumer, &send, &self.stats, reason) {
-                Ok(()) => {
-                    for position in &send {
-                        ledger.insert(position.tp.clone(), position.offset);
-                    }
-                    outcome.confirmed.extend(send);
-                }
-                Err(err) => {
-                    outcome.failed.extend(send);
-                    error = Some(err);
-                }
-            }
+        if plan.send.is_empty() {
+            return (CommitLedger::outcome(plan, true), None);
         }
-        (outcome, error)
+        match commit_sync(consumer, &plan.send, &self.stats, reason) {
+            Ok(()) => {
+                ledger.confirm(&plan.send);
+                (CommitLedger::outcome(plan, true), None)
+            }
+            Err(err) => (CommitLedger::outcome(plan, false), Some(err)),
+        }
     }
 
     /// [`commit`](Self::commit), retried while the broker's refusal may pass and `deadline` is
@@ -353,6 +336,13 @@ fn commit_sync<C: ConsumerContext>(
             log_committed(&tpl, reason);
             stats.commit(reason, "ok");
             Ok(())
+        }
+        Err(err) if !may_pass(&err) => {
+            // Expected while the group rebalances: the position is asked for again (by the
+            // next tick, or by the revoke of this very rebalance).
+            info!(error = %err, reason, partitions = positions.len(), "offset commit refused during a rebalance");
+            stats.commit(reason, "error");
+            Err(err)
         }
         Err(err) => {
             warn!(error = %err, reason, positions = ?positions, "offset commit failed");

@@ -136,7 +136,10 @@ pub struct Figures {
     pub rebalances: usize,
     /// Assignments the service reported lost (no clean revoke, nothing committed).
     pub assignments_lost: usize,
+    /// Commits checked against the database (every record before them was durable first).
     pub commits_checked: usize,
+    /// Commits at or below a position already checked: covered by that check, not checked again.
+    pub commits_covered: usize,
     pub lost: usize,
     pub doubled: usize,
     pub violations: Vec<String>,
@@ -149,7 +152,7 @@ impl Figures {
         format!(
             "chaos run: seed {seed}, {:.0} s\n  records {}  (distinct events {}, duplicates {}, poison {})\n  \
              kills {}  starts {}  postgres restarts {}  backend terminations {}  broker faults {}\n  \
-             rebalances {} (assignments lost {})  commits checked {}\n  lost {}  doubled {}  commit-order violations {}\n",
+             rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})\n  lost {}  doubled {}  commit-order violations {}\n",
             elapsed.as_secs_f64(),
             self.records,
             self.distinct_events,
@@ -163,6 +166,7 @@ impl Figures {
             self.rebalances,
             self.assignments_lost,
             self.commits_checked,
+            self.commits_covered,
             self.lost,
             self.doubled,
             self.violations.len()
@@ -532,9 +536,10 @@ impl Chaos {
         self.stop_instances();
         // The last lines of the stopped instances are still being read.
         std::thread::sleep(Duration::from_millis(300));
-        let (checked, violations) = checker.finish();
-        self.figures.commits_checked = checked;
-        self.figures.violations.extend(violations);
+        let checked = checker.finish();
+        self.figures.commits_checked = checked.checked;
+        self.figures.commits_covered = checked.covered;
+        self.figures.violations.extend(checked.violations);
         self.figures.rebalances = self.rebalances.load(Ordering::Relaxed);
         self.figures.assignments_lost = self.assignments_lost.load(Ordering::Relaxed);
         let by_index = delivered.lock().unwrap().by_index.clone();
@@ -747,14 +752,21 @@ impl rdkafka::producer::ProducerContext for Recorder {
 }
 
 /// Checks every commit the instances logged: each record before the committed offset must
-/// already be in the database (its event recorded, or its dead letter stored).
+/// already be in the database (its event recorded, or its dead letter stored), and a
+/// partition's committed position never moves backwards.
 struct Checker {
-    handle: std::thread::JoinHandle<(usize, Vec<String>)>,
+    handle: std::thread::JoinHandle<CheckerReport>,
     stop: Arc<AtomicBool>,
 }
 
+struct CheckerReport {
+    checked: usize,
+    covered: usize,
+    violations: Vec<String>,
+}
+
 impl Checker {
-    fn finish(self) -> (usize, Vec<String>) {
+    fn finish(self) -> CheckerReport {
         self.stop.store(true, Ordering::Relaxed);
         self.handle.join().expect("checker")
     }
@@ -775,7 +787,11 @@ fn spawn_checker(
             .unwrap();
         let mut verified = vec![0i64; PARTITIONS as usize];
         let mut checked = 0;
+        let mut covered = 0;
         let mut violations = Vec::new();
+        // Every commit seen, per partition, to check the order once all are in.
+        let mut history: Vec<Vec<(chrono::DateTime<chrono::Utc>, i64, usize)>> =
+            vec![Vec::new(); PARTITIONS as usize];
         let mut pending: Vec<CommitSeen> = Vec::new();
         let mut client: Option<tokio_postgres::Client> = None;
         loop {
@@ -789,7 +805,9 @@ fn spawn_checker(
             for (instance, partition, offset, at) in pending.drain(..) {
                 let from = verified[partition as usize];
                 if offset <= from {
-                    checked += 1;
+                    // Every record below `from` was found durable by an earlier check.
+                    covered += 1;
+                    history[partition as usize].push((at, offset, instance));
                     continue;
                 }
                 // The records of this partition between what is verified and the commit.
@@ -826,6 +844,7 @@ fn spawn_checker(
                         }
                         verified[partition as usize] = offset;
                         checked += 1;
+                        history[partition as usize].push((at, offset, instance));
                     }
                     // The database is restarting: the rows cannot have gone, check again later.
                     Err(_) => {
@@ -839,9 +858,35 @@ fn spawn_checker(
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        (checked, violations)
+        violations.extend(backward_commits(&mut history));
+        CheckerReport {
+            checked,
+            covered,
+            violations,
+        }
     });
     Checker { handle, stop }
+}
+
+/// Commits that moved a partition's position backwards, in the order the broker confirmed
+/// them (the instances' commit timestamps).
+fn backward_commits(
+    history: &mut [Vec<(chrono::DateTime<chrono::Utc>, i64, usize)>],
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (partition, commits) in history.iter_mut().enumerate() {
+        commits.sort();
+        for pair in commits.windows(2) {
+            let ((_, before, first), (at, after, second)) = (pair[0], pair[1]);
+            if after < before {
+                violations.push(format!(
+                    "partition {partition}: instance {second} committed {after} at {at}, after \
+                     instance {first} had committed {before}: the position moved backwards"
+                ));
+            }
+        }
+    }
+    violations
 }
 
 /// The offsets among `wanted` whose effect was not durable at `committed_at`: missing from the

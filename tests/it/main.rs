@@ -7,6 +7,7 @@ mod mock_kafka;
 mod bench;
 mod cli;
 mod end_to_end;
+mod handover;
 mod migrations;
 mod operations;
 mod pipeline;

@@ -604,7 +604,15 @@ async fn drain_returns_a_position_whose_periodic_commit_was_refused() {
     harness.inject(&tp, events(0..10)).await;
     wait_window(&harness, |w| w.position == Some(10)).await;
     let deadline = std::time::Instant::now() + WAIT;
-    while harness.log.lock().unwrap().refused.is_empty() {
+    // The periodic commit asked for 10, and the broker refused it.
+    while !harness
+        .log
+        .lock()
+        .unwrap()
+        .refused
+        .iter()
+        .any(|p| p.offset == 10)
+    {
         assert!(std::time::Instant::now() < deadline);
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }

@@ -1,0 +1,263 @@
+//! Handing partitions over, end to end: the real binary, the embedded broker, PostgreSQL. With a
+//! healthy database a graceful stop or a rebalance re-does nothing: every record written is
+//! covered by a confirmed commit before its partition changes hands.
+
+use std::time::{Duration, Instant};
+
+use history_service::dev::broker::EmbeddedBroker;
+use history_service::dev::group::GroupInspector;
+use history_service::dev::workload::{self, WorkloadSpec};
+use rand::Rng;
+
+use crate::common::{Child, TOPIC, TestDb, produce, service_env};
+
+/// `records` unique events (no duplicates, no poison) spread over the topic's partitions.
+fn unique_events(records: usize, prefix: &str, seed: u64) -> Vec<workload::PlannedRecord> {
+    workload::generate(&WorkloadSpec {
+        records,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 1,
+        id_prefix: prefix.into(),
+        tickets: 997,
+        max_payload_bytes: 65536,
+        seed,
+    })
+}
+
+/// The group's committed offsets summed over the partitions (none committed counts as 0).
+async fn committed_sum(brokers: &str, group: &str, partitions: i32) -> i64 {
+    let (brokers, group) = (brokers.to_owned(), group.to_owned());
+    tokio::task::spawn_blocking(move || {
+        GroupInspector::new(&brokers, &group)
+            .unwrap()
+            .committed(TOPIC, partitions, Duration::from_secs(5))
+            .unwrap()
+            .into_iter()
+            .map(|offset| offset.unwrap_or(0))
+            .sum()
+    })
+    .await
+    .unwrap()
+}
+
+/// Waits until at least `rows` history rows exist.
+async fn wait_rows_at_least(db: &TestDb, rows: i64, services: &[&Child]) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while db.count("history_events").await < rows {
+        assert!(
+            Instant::now() < deadline,
+            "stalled below {rows} rows:\n{}",
+            services.iter().map(|s| s.logs()).collect::<String>()
+        );
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `key=value` number of the service's last "history-service stopped" line.
+fn stopped_field(logs: &str, key: &str) -> Option<u64> {
+    let line = logs
+        .lines()
+        .rev()
+        .find(|line| line.contains("history-service stopped"))?;
+    let value = line.split(&format!("{key}=")).nth(1)?;
+    value
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
+/// Sends SIGTERM; returns how long the process took to exit, and its exit code.
+fn stop(service: &mut Child) -> (Duration, Option<i32>) {
+    let asked = Instant::now();
+    service.signal(libc::SIGTERM);
+    let code = service.wait(Duration::from_secs(60));
+    (asked.elapsed(), code)
+}
+
+/// Partition numbers named in the log lines containing `marker` (before `until`, if given).
+fn partitions_in(logs: &str, marker: &str, until: Option<&str>) -> Vec<i32> {
+    let mut found = Vec::new();
+    for line in logs.lines() {
+        if until.is_some_and(|until| line.contains(until)) {
+            break;
+        }
+        if !line.contains(marker) {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find(&format!("{TOPIC}[")) {
+            rest = &rest[at + TOPIC.len() + 1..];
+            let number: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(partition) = number.parse() {
+                found.push(partition);
+            }
+        }
+    }
+    found.sort_unstable();
+    found.dedup();
+    found
+}
+
+/// The consumer property that picks the eager protocol instead of the cooperative default.
+const EAGER: (&str, &str) = (
+    "HISTORY__KAFKA__PROPERTIES__PARTITION_ASSIGNMENT_STRATEGY",
+    "range",
+);
+
+#[actix_rt::test]
+async fn sigterm_at_random_moments_of_a_backlog_commits_exactly_the_rows_written() {
+    stops_commit_exactly_what_was_written(10, None).await;
+}
+
+#[actix_rt::test]
+async fn sigterm_under_the_eager_protocol_commits_exactly_the_rows_written() {
+    stops_commit_exactly_what_was_written(3, Some(EAGER)).await;
+}
+
+/// SIGTERM `stops` times at random moments of a backlog of unique events: every stop is clean
+/// and quick, and leaves the group's committed offsets equal to the rows written.
+async fn stops_commit_exactly_what_was_written(stops: usize, property: Option<(&str, &str)>) {
+    let partitions = 12;
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, partitions).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let total = 60_000;
+    produce(&brokers, &unique_events(total, "stop", 42)).await;
+    let group = "history-sigterm";
+    let mut env = service_env(&db.url(), &brokers, group, TOPIC);
+    env.extend(property.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    // A small window keeps each stop's drain small, so the backlog lasts for every stop.
+    env.push((
+        "HISTORY__PIPELINE__MAX_IN_FLIGHT_PER_PARTITION".into(),
+        "100".into(),
+    ));
+    let mut rng = rand::rng();
+
+    let mut slowest = Duration::ZERO;
+    for attempt in 0..stops {
+        let before = db.count("history_events").await;
+        let mut service = Child::spawn(&["run"], &env);
+        // A random moment well inside the backlog.
+        let target = before + rng.random_range(200..2_500);
+        wait_rows_at_least(&db, target, &[&service]).await;
+        let (took, code) = stop(&mut service);
+        let logs = service.logs();
+        assert_eq!(code, Some(0), "stop {attempt}: not a clean stop\n{logs}");
+        slowest = slowest.max(took);
+        assert!(
+            took < Duration::from_secs(2),
+            "stop {attempt} took {took:?}: it waited out a timeout\n{logs}"
+        );
+        let rows = db.count("history_events").await;
+        let committed = committed_sum(&brokers, group, partitions).await;
+        assert_eq!(
+            committed, rows,
+            "stop {attempt}: offsets committed != rows written\n{logs}"
+        );
+        assert_eq!(
+            stopped_field(&logs, "already_applied"),
+            Some(0),
+            "stop {attempt}: a record was done twice\n{logs}"
+        );
+        assert_eq!(stopped_field(&logs, "left"), Some(0), "{logs}");
+        assert!(
+            rows < total as i64,
+            "the backlog ran out before stop {attempt}"
+        );
+        eprintln!("stop {attempt}: {rows} rows, committed {committed}, took {took:?}");
+    }
+    eprintln!("{stops} stops, the slowest took {slowest:?}");
+}
+
+#[actix_rt::test]
+async fn a_member_joining_and_leaving_mid_backlog_redoes_nothing_and_moves_only_what_it_must() {
+    let (first_logs, second_logs) = join_and_leave(None).await;
+    for (name, logs) in [("first", &first_logs), ("second", &second_logs)] {
+        assert_eq!(
+            stopped_field(logs, "already_applied"),
+            Some(0),
+            "the {name} instance did records twice\n{logs}"
+        );
+    }
+    let given_away = partitions_in(&first_logs, "partitions revoked", Some("SIGTERM received"));
+    let taken = partitions_in(&second_logs, "partitions assigned", None);
+    assert!(
+        !given_away.is_empty() && given_away.len() < JOIN_PARTITIONS as usize,
+        "cooperative: only the partitions that move are revoked, got {given_away:?}"
+    );
+    assert!(
+        given_away.iter().all(|p| taken.contains(p)),
+        "revoked {given_away:?}, but the newcomer got {taken:?}"
+    );
+}
+
+/// The eager protocol revokes every partition of every member on each rebalance; what was
+/// written is still never lost or doubled, and both stops are clean.
+#[actix_rt::test]
+async fn a_member_joining_and_leaving_under_the_eager_protocol_loses_and_doubles_nothing() {
+    let (first_logs, _) = join_and_leave(Some(EAGER)).await;
+    let given_away = partitions_in(&first_logs, "partitions revoked", Some("SIGTERM received"));
+    assert_eq!(
+        given_away.len(),
+        JOIN_PARTITIONS as usize,
+        "eager: a join revokes every partition"
+    );
+}
+
+const JOIN_PARTITIONS: i32 = 6;
+
+/// A second member joins mid-backlog and later leaves with SIGTERM; the first finishes the
+/// backlog and stops. Checks rows and offsets; returns both members' logs.
+async fn join_and_leave(property: Option<(&str, &str)>) -> (String, String) {
+    let partitions = JOIN_PARTITIONS;
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, partitions).unwrap();
+    let brokers = broker.bootstrap_servers();
+    // Enough for the backlog to outlast two rebalances (the mock broker takes seconds each).
+    let total = 90_000;
+    produce(&brokers, &unique_events(total, "join", 7)).await;
+    let group = "history-join";
+    let mut env = service_env(&db.url(), &brokers, group, TOPIC);
+    env.push(("HISTORY__PIPELINE__BATCH_MAX_EVENTS".into(), "100".into()));
+    env.push(("HISTORY__PIPELINE__WRITERS".into(), "1".into()));
+    env.extend(property.map(|(k, v)| (k.to_owned(), v.to_owned())));
+
+    let mut first = Child::spawn(&["run"], &env);
+    wait_rows_at_least(&db, 2_000, &[&first]).await;
+    let mut second = Child::spawn(&["run"], &env);
+    // The newcomer got partitions and wrote some of their records.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while partitions_in(&second.logs(), "partitions assigned", None).is_empty() {
+        assert!(
+            db.count("history_events").await < total as i64,
+            "the backlog ran out before the second member got partitions"
+        );
+        assert!(Instant::now() < deadline, "{}", second.logs());
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    let joined_at = db.count("history_events").await;
+    wait_rows_at_least(&db, joined_at + 3_000, &[&first, &second]).await;
+    let (_, code) = stop(&mut second);
+    let second_logs = second.logs();
+    assert_eq!(code, Some(0), "{second_logs}");
+
+    // The first instance takes the partitions back and finishes the backlog.
+    wait_rows_at_least(&db, total as i64, &[&first]).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while committed_sum(&brokers, group, partitions).await != total as i64 {
+        assert!(Instant::now() < deadline, "{}", first.logs());
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, code) = stop(&mut first);
+    let first_logs = first.logs();
+    assert_eq!(code, Some(0), "{first_logs}");
+
+    assert_eq!(db.count("history_events").await, total as i64);
+    assert_eq!(db.count("inbox").await, total as i64);
+    (first_logs, second_logs)
+}
