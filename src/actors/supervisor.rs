@@ -111,6 +111,12 @@ impl Actor for KafkaSupervisor {
             let stream = item_stream(consumer).ready_chunks(CHUNK);
             self.fetching = Some(ctx.add_stream(stream));
         }
+        // Summaries of repeated client errors are due even when the errors stopped.
+        ctx.run_interval(Duration::from_secs(1), |supervisor, _| {
+            if let Some(consumer) = supervisor.consumer() {
+                consumer.context().errors().flush();
+            }
+        });
     }
 }
 
@@ -131,7 +137,11 @@ impl StreamHandler<Vec<KafkaItem>> for KafkaSupervisor {
                     }
                     self.rebalanced(event, ctx);
                 }
-                KafkaItem::Error(err) => warn!(error = %err, "consumer error"),
+                KafkaItem::Error(err) => {
+                    if let Some(consumer) = self.consumer() {
+                        consumer.context().errors().consumer_error(&err);
+                    }
+                }
             }
         }
         for (tp, records) in runs {

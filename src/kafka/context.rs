@@ -17,8 +17,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::KafkaError;
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
+use super::error_log::ClientErrorLog;
 use crate::actors::committer::OffsetCommitter;
 use crate::actors::messages::{CommitPosition, Epoch, Lost, Revoke, TopicPartition};
 use crate::metrics::{self, Stats};
@@ -48,6 +49,8 @@ pub struct SupervisorContext {
     next_epoch: AtomicU64,
     /// True once the consumer has joined its group and received an assignment (maybe empty).
     joined: Arc<AtomicBool>,
+    /// Client errors, aggregated (the supervisor logs the consumer's errors through it too).
+    errors: ClientErrorLog,
 }
 
 impl SupervisorContext {
@@ -66,7 +69,13 @@ impl SupervisorContext {
             epochs: Mutex::new(HashMap::new()),
             next_epoch: AtomicU64::new(1),
             joined,
+            errors: ClientErrorLog::default(),
         }
+    }
+
+    /// The aggregated log of client errors.
+    pub fn errors(&self) -> &ClientErrorLog {
+        &self.errors
     }
 
     /// Events queued by callbacks since the last call.
@@ -230,7 +239,7 @@ impl ClientContext for SupervisorContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        error!(%error, reason, "kafka client error");
+        self.errors.client_error(&error, reason);
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;
+pub mod error_log;
 pub mod replay;
 
 use std::sync::Arc;

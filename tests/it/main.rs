@@ -7,6 +7,7 @@ mod mock_kafka;
 mod bench;
 mod cli;
 mod end_to_end;
+mod kafka_errors;
 mod migrations;
 mod operations;
 mod pipeline;
