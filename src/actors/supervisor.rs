@@ -20,6 +20,7 @@ use super::messages::{
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
 use crate::kafka::commit_worker::CommitWorker;
+use crate::kafka::reset_watch::ResetWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
 /// Most items handled in one go; a chunk is split per partition into `Records` messages.
@@ -31,17 +32,21 @@ pub struct KafkaSupervisor {
     pipeline: Pipeline,
     partitions: HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
     fetching: Option<SpawnHandle>,
+    /// Tells records skipped by an offset reset from gaps, off this thread.
+    resets: ResetWatch,
 }
 
 impl KafkaSupervisor {
     pub fn new(consumer: Arc<HistoryConsumer>, pipeline: Pipeline) -> Self {
         let commits = CommitWorker::start(consumer.clone(), pipeline.stats().clone());
+        let resets = ResetWatch::start(Arc::downgrade(&consumer));
         KafkaSupervisor {
             consumer: Some(consumer),
             commits: Some(commits),
             pipeline,
             partitions: HashMap::new(),
             fetching: None,
+            resets,
         }
     }
 
@@ -52,6 +57,7 @@ impl KafkaSupervisor {
     fn rebalanced(&mut self, event: RebalanceEvent, ctx: &mut Context<Self>) {
         match event {
             RebalanceEvent::Assigned(assigned) => {
+                self.resets.assigned(&assigned);
                 let mut resumed = TopicPartitionList::new();
                 for (tp, epoch) in assigned {
                     // A partition paused under its previous assignment must not stay paused.
@@ -68,6 +74,7 @@ impl KafkaSupervisor {
                 }
             }
             RebalanceEvent::Revoked { partitions, .. } => {
+                self.resets.revoked(&partitions);
                 for (tp, epoch) in partitions {
                     if let Some((current, _)) = self.partitions.get(&tp) {
                         if *current == epoch {
@@ -82,7 +89,10 @@ impl KafkaSupervisor {
 
     fn deliver(&self, tp: TopicPartition, records: Vec<Record>) {
         match self.partitions.get(&tp) {
-            Some((_, actor)) => actor.do_send(Records(records)),
+            Some((epoch, actor)) => {
+                self.resets.records(&tp, *epoch, &records);
+                actor.do_send(Records(records));
+            }
             None => {
                 // Not assigned here (a record fetched just before its revoke). Dropping it is
                 // safe: nothing after it in this partition can be committed by this process.

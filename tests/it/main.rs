@@ -9,6 +9,7 @@ mod cli;
 mod end_to_end;
 mod kafka_errors;
 mod migrations;
+mod offset_reset;
 mod operations;
 mod pipeline;
 mod repository;
