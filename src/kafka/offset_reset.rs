@@ -48,9 +48,6 @@ pub struct Loss {
 /// were deleted before they were read; offsets missing above the log start are gaps of the log
 /// itself, not losses.
 pub fn judge(jump: Jump, log_start: i64) -> Option<Loss> {
-    if log_start <= jump.expected {
-        return None;
-    }
     let skipped = log_start.min(jump.resumed) - jump.expected;
     (skipped > 0).then_some(Loss {
         jump,
