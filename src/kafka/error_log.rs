@@ -118,6 +118,25 @@ impl Aggregator {
         summaries
     }
 
+    /// The summaries of every error that repeated since its last line, whether its interval is
+    /// over or not (the process is stopping); forgets them all.
+    pub fn flush_all(&mut self, now: Instant) -> Vec<Summary> {
+        let mut summaries: Vec<Summary> = self
+            .entries
+            .drain()
+            .filter(|(_, entry)| entry.repeats > 0)
+            .map(|(error, entry)| Summary {
+                error,
+                repeats: entry.repeats,
+                over: now.saturating_duration_since(entry.since),
+                last_detail: entry.last_detail,
+                severity: entry.severity,
+            })
+            .collect();
+        summaries.sort_by(|a, b| a.error.cmp(&b.error));
+        summaries
+    }
+
     fn flush_one(&mut self, error: &str, now: Instant) -> Option<Summary> {
         let entry = self.entries.get_mut(error)?;
         let over = now.saturating_duration_since(entry.since);
@@ -219,6 +238,19 @@ impl ClientErrorLog {
             .lock()
             .unwrap()
             .record(name, detail, severity, Instant::now())
+    }
+}
+
+impl Drop for ClientErrorLog {
+    /// The consumer is closing: what repeated since the last line is said now, not never.
+    fn drop(&mut self) {
+        let aggregator = self
+            .aggregator
+            .get_mut()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for summary in aggregator.flush_all(Instant::now()) {
+            log_summary(Some(summary));
+        }
     }
 }
 
@@ -335,6 +367,27 @@ mod tests {
         );
         let again = log.record("AllBrokersDown", "down", Severity::Error, at(start, 45_000));
         assert_eq!(again, (Verdict::Log, None));
+    }
+
+    #[test]
+    fn at_the_end_every_pending_repeat_is_summarised_and_nothing_else() {
+        let start = Instant::now();
+        let mut log = Aggregator::new(INTERVAL);
+        log.record("AllBrokersDown", "a", Severity::Error, start);
+        log.record("AllBrokersDown", "b", Severity::Error, at(start, 1_000));
+        log.record("Fail", "once", Severity::Warn, start);
+        let summaries = log.flush_all(at(start, 5_000));
+        assert_eq!(
+            summaries,
+            vec![Summary {
+                error: "AllBrokersDown".into(),
+                repeats: 1,
+                over: Duration::from_secs(5),
+                last_detail: "b".into(),
+                severity: Severity::Error,
+            }]
+        );
+        assert!(log.flush_all(at(start, 6_000)).is_empty());
     }
 
     #[test]

@@ -66,4 +66,11 @@ async fn an_unreachable_broker_is_named_in_a_few_lines_while_every_error_is_coun
             .any(|line| line.contains("AllBrokersDown") && line.contains("kafka client error")),
         "the error is named:\n{log}"
     );
+    // The repeats are not hidden: stopping says how many there were.
+    assert!(
+        complaints
+            .iter()
+            .any(|line| line.contains("kafka client error AllBrokersDown repeated")),
+        "the repeats are summarised:\n{log}"
+    );
 }
