@@ -73,6 +73,12 @@ impl SupervisorContext {
         }
     }
 
+    /// Summarises repeated client errors once per `interval` (30 s by default).
+    pub fn with_error_log_interval(mut self, interval: Duration) -> Self {
+        self.errors = ClientErrorLog::new(interval);
+        self
+    }
+
     /// The aggregated log of client errors.
     pub fn errors(&self) -> &ClientErrorLog {
         &self.errors

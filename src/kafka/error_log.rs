@@ -1,8 +1,9 @@
 //! Repeated Kafka client errors, logged without flooding. librdkafka reports a broker it cannot
 //! reach tens of times a second (through the client's error callback and again on the consumer
 //! stream); an operator needs the first report at once and then to know it goes on, not forty
-//! lines a second. The first occurrence of a distinct error is logged; repeats within
-//! [`ERROR_LOG_INTERVAL`] are counted and summarised in one line per error per interval. Every
+//! lines a second. The first occurrence of a distinct error is logged; repeats within an
+//! interval (`kafka.error_log_interval_ms`) are counted and summarised in one line per error per
+//! interval. Every
 //! occurrence counts in `history_kafka_client_errors_total{error}`, labelled by the error's code
 //! name (bounded), never by its free text.
 
@@ -15,7 +16,7 @@ use tracing::{error, warn};
 
 use crate::metrics;
 
-/// How long repeats of one error are counted before their summary line.
+/// How long repeats of one error are counted before their summary line, unless configured.
 pub const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The level an error is logged at; a summary keeps the level of the error's first line.
