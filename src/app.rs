@@ -141,7 +141,8 @@ pub async fn run_with(
         settings.kafka.revoke_timeout(),
         stats.clone(),
         joined.clone(),
-    );
+    )
+    .with_error_log_interval(settings.kafka.error_log_interval());
     let consumer = kafka::subscribe(&settings.kafka, context)?;
     let kafka_arbiter = Arbiter::new();
     let supervisor = {

@@ -80,6 +80,8 @@ pub struct KafkaSettings {
     pub fetch_wait_max_ms: u64,
     pub fetch_queue_kbytes: u64,
     pub fetch_queue_messages: u64,
+    /// Repeats of one client error within this long are summarised in one line.
+    pub error_log_interval_ms: u64,
     /// librdkafka properties passed through verbatim; values may be secrets.
     #[serde(default)]
     pub properties: BTreeMap<String, SecretString>,
@@ -213,6 +215,7 @@ impl Settings {
         positive("kafka.revoke_timeout_ms", kafka.revoke_timeout_ms)?;
         positive("kafka.fetch_queue_kbytes", kafka.fetch_queue_kbytes)?;
         positive("kafka.fetch_queue_messages", kafka.fetch_queue_messages)?;
+        positive("kafka.error_log_interval_ms", kafka.error_log_interval_ms)?;
         kafka.librdkafka_properties()?;
 
         let pipeline = &self.pipeline;
@@ -372,6 +375,10 @@ impl KafkaSettings {
 
     pub fn revoke_timeout(&self) -> Duration {
         Duration::from_millis(self.revoke_timeout_ms)
+    }
+
+    pub fn error_log_interval(&self) -> Duration {
+        Duration::from_millis(self.error_log_interval_ms)
     }
 }
 

@@ -209,3 +209,22 @@ pub fn set_in_flight(tp: &TopicPartition, len: usize) {
 pub fn set_assigned_partitions(count: usize) {
     metrics::gauge!(ASSIGNED_PARTITIONS).set(count as f64);
 }
+
+/// Declares a partition's offset-reset counters at 0, so the first reset is an increase.
+pub fn init_offset_resets(tp: &TopicPartition) {
+    let labels = partition_labels(tp);
+    metrics::counter!(OFFSET_RESETS_TOTAL, &labels).increment(0);
+    metrics::counter!(OFFSET_RESET_SKIPPED_RECORDS_TOTAL, &labels).increment(0);
+}
+
+/// An offset reset skipped `skipped` records the broker no longer had.
+pub fn offset_reset(tp: &TopicPartition, skipped: u64) {
+    let labels = partition_labels(tp);
+    metrics::counter!(OFFSET_RESETS_TOTAL, &labels).increment(1);
+    metrics::counter!(OFFSET_RESET_SKIPPED_RECORDS_TOTAL, &labels).increment(skipped);
+}
+
+/// One Kafka client error, labelled by its code name (bounded, never free text).
+pub fn kafka_client_error(name: &str) {
+    metrics::counter!(KAFKA_CLIENT_ERRORS_TOTAL, "error" => name.to_owned()).increment(1);
+}

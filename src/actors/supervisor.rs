@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::StreamExt;
@@ -20,6 +20,7 @@ use super::messages::{
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
 use crate::kafka::commit_worker::CommitWorker;
+use crate::kafka::reset_watch::ResetWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
 /// Most items handled in one go; a chunk is split per partition into `Records` messages.
@@ -31,18 +32,22 @@ pub struct KafkaSupervisor {
     pipeline: Pipeline,
     partitions: HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
     fetching: Option<SpawnHandle>,
+    /// Tells records skipped by an offset reset from gaps, off this thread.
+    resets: ResetWatch,
 }
 
 impl KafkaSupervisor {
     pub fn new(consumer: Arc<HistoryConsumer>, pipeline: Pipeline) -> Self {
         let commits =
             CommitWorker::start(consumer.clone(), pipeline.committer().clone().recipient());
+        let resets = ResetWatch::start(Arc::downgrade(&consumer));
         KafkaSupervisor {
             consumer: Some(consumer),
             commits: Some(commits),
             pipeline,
             partitions: HashMap::new(),
             fetching: None,
+            resets,
         }
     }
 
@@ -53,6 +58,7 @@ impl KafkaSupervisor {
     fn rebalanced(&mut self, event: RebalanceEvent, ctx: &mut Context<Self>) {
         match event {
             RebalanceEvent::Assigned(assigned) => {
+                self.resets.assigned(&assigned);
                 let mut resumed = TopicPartitionList::new();
                 for (tp, epoch) in assigned {
                     // A partition paused under its previous assignment must not stay paused.
@@ -69,6 +75,7 @@ impl KafkaSupervisor {
                 }
             }
             RebalanceEvent::Revoked { partitions, .. } => {
+                self.resets.revoked(&partitions);
                 for (tp, epoch) in partitions {
                     if let Some((current, _)) = self.partitions.get(&tp) {
                         if *current == epoch {
@@ -83,7 +90,10 @@ impl KafkaSupervisor {
 
     fn deliver(&self, tp: TopicPartition, records: Vec<Record>) {
         match self.partitions.get(&tp) {
-            Some((_, actor)) => actor.do_send(Records(records)),
+            Some((epoch, actor)) => {
+                self.resets.records(&tp, *epoch, &records);
+                actor.do_send(Records(records));
+            }
             None => {
                 // Not assigned here (a record fetched just before its revoke). Dropping it is
                 // safe: nothing after it in this partition can be committed by this process.
@@ -112,6 +122,12 @@ impl Actor for KafkaSupervisor {
             let stream = item_stream(consumer).ready_chunks(CHUNK);
             self.fetching = Some(ctx.add_stream(stream));
         }
+        // Summaries of repeated client errors are due even when the errors stopped.
+        ctx.run_interval(Duration::from_secs(1), |supervisor, _| {
+            if let Some(consumer) = supervisor.consumer() {
+                consumer.context().errors().flush();
+            }
+        });
     }
 }
 
@@ -132,7 +148,11 @@ impl StreamHandler<Vec<KafkaItem>> for KafkaSupervisor {
                     }
                     self.rebalanced(event, ctx);
                 }
-                KafkaItem::Error(err) => warn!(error = %err, "consumer error"),
+                KafkaItem::Error(err) => {
+                    if let Some(consumer) = self.consumer() {
+                        consumer.context().errors().consumer_error(&err);
+                    }
+                }
             }
         }
         for (tp, records) in runs {

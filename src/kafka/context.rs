@@ -24,8 +24,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
+use super::error_log::ClientErrorLog;
 use crate::actors::messages::{CommitOutcome, CommitPosition, Epoch, Lost, Revoke, TopicPartition};
 use crate::metrics::{self, Stats};
 
@@ -71,6 +72,8 @@ pub struct SupervisorContext {
     /// The newest position the broker confirmed per partition. Held while a commit is under
     /// way, so commits from the three paths never interleave.
     ledger: Mutex<CommitLedger>,
+    /// Client errors, aggregated (the supervisor logs the consumer's errors through it too).
+    errors: ClientErrorLog,
 }
 
 impl SupervisorContext {
@@ -90,7 +93,19 @@ impl SupervisorContext {
             next_epoch: AtomicU64::new(1),
             joined,
             ledger: Mutex::new(CommitLedger::default()),
+            errors: ClientErrorLog::default(),
         }
+    }
+
+    /// Summarises repeated client errors once per `interval` (30 s by default).
+    pub fn with_error_log_interval(mut self, interval: Duration) -> Self {
+        self.errors = ClientErrorLog::new(interval);
+        self
+    }
+
+    /// The aggregated log of client errors.
+    pub fn errors(&self) -> &ClientErrorLog {
+        &self.errors
     }
 
     /// Events queued by callbacks since the last call.
@@ -385,7 +400,7 @@ impl ClientContext for SupervisorContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        error!(%error, reason, "kafka client error");
+        self.errors.client_error(&error, reason);
     }
 }
 

@@ -5,7 +5,10 @@ pub mod commit_ledger;
 pub mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;
+pub mod error_log;
+pub mod offset_reset;
 pub mod replay;
+pub mod reset_watch;
 
 use std::sync::Arc;
 

@@ -268,7 +268,7 @@ fn the_demo_starts_a_throwaway_postgres_when_none_answers() {
     assert!(stdout.contains("OK: every event recorded once"), "{stdout}");
 }
 
-async fn scrape(port: u16) -> String {
+pub(crate) async fn scrape(port: u16) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match tokio::task::spawn_blocking(move || {
