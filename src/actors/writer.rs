@@ -310,7 +310,7 @@ async fn report_conflicts(
     for job in duplicates {
         let event = event_of(job);
         if let Some(row) = stored.get(&event.event_id) {
-            if !row.same_content(event) {
+            if row != event {
                 stats.conflicting_duplicate();
                 warn!(
                     event_id = %event.event_id,

@@ -10,4 +10,6 @@ mod end_to_end;
 mod migrations;
 mod operations;
 mod pipeline;
+mod redelivery;
 mod repository;
+mod store_semantics;
