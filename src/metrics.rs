@@ -209,3 +209,23 @@ pub fn set_in_flight(tp: &TopicPartition, len: usize) {
 pub fn set_assigned_partitions(count: usize) {
     metrics::gauge!(ASSIGNED_PARTITIONS).set(count as f64);
 }
+
+/// Sets `history_stuck_event` for an event the database rejects: 1 while it is stuck, 0 once
+/// it resolved (the series stays, at 0, so an alert on it clears).
+pub fn set_stuck_event(
+    tp: &TopicPartition,
+    offset: i64,
+    event_id: &str,
+    sqlstate: &str,
+    stuck: bool,
+) {
+    let [topic, partition] = partition_labels(tp);
+    let labels = [
+        topic,
+        partition,
+        ("offset", offset.to_string()),
+        ("event_id", event_id.to_owned()),
+        ("sqlstate", sqlstate.to_owned()),
+    ];
+    metrics::gauge!(STUCK_EVENT, &labels).set(if stuck { 1.0 } else { 0.0 });
+}

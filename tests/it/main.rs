@@ -13,3 +13,4 @@ mod pipeline;
 mod redelivery;
 mod repository;
 mod store_semantics;
+mod stuck_events;
