@@ -229,3 +229,9 @@ pub fn set_stuck_event(
     ];
     metrics::gauge!(STUCK_EVENT, &labels).set(if stuck { 1.0 } else { 0.0 });
 }
+
+/// Failed attempts to publish a dead letter to `dead_letter.topic` (the letter is stored; the
+/// relay retries it).
+pub fn dead_letter_publish_failures(count: u64) {
+    metrics::counter!(DEAD_LETTER_PUBLISH_FAILURES_TOTAL).increment(count);
+}

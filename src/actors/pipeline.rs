@@ -16,7 +16,7 @@ use super::messages::{
 use super::partition::PartitionActor;
 use super::writer::{DbWriter, WriterSettings};
 use crate::config::PipelineSettings;
-use crate::kafka::dead_letter_topic::DeadLetterPublisher;
+use crate::kafka::dead_letter_topic::{self, DeadLetterPublisher};
 use crate::metrics::Stats;
 use crate::store::{PgHistoryRepository, PgPool};
 
@@ -52,6 +52,14 @@ impl Pipeline {
         publisher: Option<Arc<DeadLetterPublisher>>,
     ) -> Pipeline {
         let committer = OffsetCommitter::new(settings.commit_interval()).start();
+        if let Some(publisher) = &publisher {
+            dead_letter_topic::spawn_relay(
+                publisher.clone(),
+                pool.clone(),
+                settings.retry_initial(),
+                settings.retry_max(),
+            );
+        }
         let writer_settings = WriterSettings {
             batch_max_events: settings.batch_max_events,
             batch_linger: settings.batch_linger(),

@@ -140,7 +140,7 @@ struct BatchResult {
     /// Events the database rejected by themselves (isolated by bisecting the batch).
     rejected: Vec<(Job<HistoryEvent>, Rejection)>,
     /// Jobs whose outcome is Unknown for a reason not about them (an outage), with the error.
-    failed: Option<(Batch, WriteError)>,
+    failed: Option<(Batch, StoreError)>,
     /// Jobs attempted.
     attempted: usize,
     elapsed: Duration,
@@ -417,15 +417,6 @@ impl DbWriter {
     }
 }
 
-/// Why a batch's outcome is Unknown.
-#[derive(Debug, thiserror::Error)]
-enum WriteError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("publishing to the dead-letter topic failed: {0}")]
-    Publish(#[from] rdkafka::error::KafkaError),
-}
-
 /// The server's reason, when a write failed because of the data it was given — a constraint
 /// (SQLSTATE class 23), a value the column cannot hold (22), a row over a limit such as an
 /// index entry too large (54), a trigger's exception (P0), a check option (44), a cardinality
@@ -452,7 +443,7 @@ fn rejection(error: &StoreError) -> Option<Rejection> {
 }
 
 /// Runs one batch: the events through the per-event transaction's batched form, the dead
-/// letters through their insert (and the dead-letter topic, if any). The two are independent:
+/// letters through their insert (and, with a dead-letter topic, a mark for its relay). The two are independent:
 /// one failing leaves the other resolved. A batch of events the server rejects is bisected, so
 /// that the events it accepts are written and only the rejected ones are left.
 async fn execute(
@@ -494,12 +485,12 @@ async fn execute(
                 );
                 if let Some((jobs, err)) = isolation.failed {
                     failed.events = jobs;
-                    error = Some(WriteError::Store(err));
+                    error = Some(err);
                 }
             }
             Err(err) => {
                 failed.events = events;
-                error = Some(WriteError::Store(err));
+                error = Some(err);
             }
         }
     }
@@ -602,7 +593,7 @@ async fn write_dead_letters(
     publisher: Option<&DeadLetterPublisher>,
     stats: &Stats,
     letters: &[Job<DeadLetter>],
-) -> Result<(), WriteError> {
+) -> Result<(), StoreError> {
     let rows: Vec<DeadLetterRow<'_>> = letters
         .iter()
         .map(|job| DeadLetterRow {
@@ -630,17 +621,10 @@ async fn write_dead_letters(
         "dead letters written"
     );
     if let Some(publisher) = publisher {
-        // Only what no earlier delivery published: a redelivered poison record is not
-        // published twice (a crash between publishing and marking may still repeat one).
-        let pending: Vec<DeadLetterRow<'_>> = dead_letters::unpublished(repository.pool(), &rows)
-            .await?
-            .into_iter()
-            .map(|index| rows[index].clone())
-            .collect();
-        if !pending.is_empty() {
-            publisher.publish(&pending).await?;
-            dead_letters::mark_published(repository.pool(), &pending).await?;
-        }
+        // Stored is what counts: the relay publishes in the background, so a topic that
+        // refuses the letter never holds its partition back.
+        dead_letters::request_publication(repository.pool(), &rows, publisher.topic()).await?;
+        publisher.wake();
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ mod mock_kafka;
 
 mod bench;
 mod cli;
+mod dead_letter_topic;
 mod end_to_end;
 mod migrations;
 mod operations;
