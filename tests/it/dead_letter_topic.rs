@@ -167,3 +167,88 @@ async fn a_dead_letter_topic_that_refuses_letters_blocks_nothing_and_is_caught_u
         service.logs()
     );
 }
+
+fn operator(db: &TestDb, brokers: &str, args: &[&str]) -> (Option<i32>, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+        .args(args)
+        .env("HISTORY__DATABASE__URL", db.url())
+        .env("HISTORY__KAFKA__BROKERS", brokers)
+        .env("HISTORY__DEAD_LETTER__TOPIC", DLQ)
+        .env_remove("HISTORY_CONFIG")
+        .output()
+        .expect("the binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), text)
+}
+
+#[actix_rt::test]
+async fn an_operator_sees_the_publish_state_and_resends_what_is_pending() {
+    use history_service::domain::DecodeError;
+    use history_service::store::dead_letters::{self, DeadLetter, DeadLetterRow};
+
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(DLQ, 1).unwrap();
+    broker
+        .cluster()
+        .topic_error(
+            DLQ,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let brokers = broker.bootstrap_servers();
+    let letter = DeadLetter::new(&DecodeError::NullPayload, Some(b"k".to_vec()), None, None);
+    let rows: Vec<DeadLetterRow<'_>> = (0..3)
+        .map(|offset| DeadLetterRow {
+            topic: TOPIC,
+            partition: 0,
+            offset,
+            letter: &letter,
+        })
+        .collect();
+    let pool = db.pool(1);
+    dead_letters::insert(&pool, &rows).await.unwrap();
+    dead_letters::request_publication(&pool, &rows, DLQ)
+        .await
+        .unwrap();
+
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "publish"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("published 0 dead letters to history.dlq; 3 failed"),
+        "{out}"
+    );
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "list"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        out.matches("not yet published to history.dlq: 1 failed attempts, last error:")
+            .count(),
+        3,
+        "{out}"
+    );
+
+    broker
+        .cluster()
+        .topic_error(DLQ, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+        .unwrap();
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "publish"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("published 3 dead letters to history.dlq; 0 failed"),
+        "{out}"
+    );
+    let (_, out) = operator(&db, &brokers, &["dead-letters", "list"]);
+    assert_eq!(
+        out.matches("published to history.dlq at").count(),
+        3,
+        "{out}"
+    );
+    // Nothing is pending any more: a second run publishes nothing again.
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "publish"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("published 0 dead letters"), "{out}");
+}
