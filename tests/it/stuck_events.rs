@@ -173,3 +173,86 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
         service.logs()
     );
 }
+
+mod pipeline_level {
+    use std::time::{Duration, Instant};
+
+    use history_service::actors::Pipeline;
+    use history_service::actors::messages::{Record, TopicPartition};
+    use history_service::dev::workload::event_payload;
+    use history_service::metrics::Stats;
+
+    use crate::common::{TestDb, test_settings};
+    use crate::mock_kafka::{Harness, RevokePartition};
+
+    fn records(offsets: std::ops::Range<i64>) -> Vec<Record> {
+        offsets
+            .map(|n| Record {
+                offset: n,
+                key: Some(b"k".to_vec()),
+                payload: Some(event_payload(
+                    &format!("evt-{n}"),
+                    "ticket-1",
+                    "open",
+                    "closed",
+                    chrono::Utc::now(),
+                )),
+                timestamp_ms: None,
+            })
+            .collect()
+    }
+
+    async fn wait_position(harness: &Harness, position: i64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let windows = harness.windows().await;
+            if windows.first().and_then(|w| w.position) == Some(position) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{windows:?}");
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_stuck_event_of_a_revoked_partition_is_left_to_its_next_owner() {
+        let db = TestDb::migrated().await;
+        db.client()
+            .await
+            .batch_execute(
+                "ALTER TABLE history_events ADD CONSTRAINT stuck CHECK (event_id <> 'evt-3')",
+            )
+            .await
+            .unwrap();
+        let mut settings =
+            test_settings("postgres://unused@127.0.0.1/unused", "x:9092", "g", "t").pipeline;
+        settings.commit_interval_ms = 3_600_000;
+        let harness = Harness::start(Pipeline::start(&settings, db.pool(8), Stats::new()));
+        let tp = TopicPartition::new("t", 0);
+        harness.assign(&tp, 1).await;
+        harness.inject(&tp, records(0..10)).await;
+        wait_position(&harness, 3).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while db.count("history_events").await < 9 {
+            assert!(Instant::now() < deadline, "the good events are not written");
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let positions = harness
+            .kafka
+            .send(RevokePartition(tp.clone()))
+            .await
+            .unwrap();
+        assert_eq!(positions[0].offset, 3, "handed over at the stuck offset");
+        db.client()
+            .await
+            .batch_execute("ALTER TABLE history_events DROP CONSTRAINT stuck")
+            .await
+            .unwrap();
+        // Well past the longest retry delay: the parked event saw its partition was revoked and
+        // stopped; writing it is the next owner's work.
+        actix_rt::time::sleep(settings.retry_max() * 3).await;
+        assert_eq!(db.count("history_events").await, 9);
+        harness.stop();
+    }
+}
