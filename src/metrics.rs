@@ -30,7 +30,7 @@ pub const OFFSET_RESET_SKIPPED_RECORDS_TOTAL: &str = "history_offset_reset_skipp
 /// 1 while an event the database keeps rejecting holds its partition's position; labels name
 /// topic, partition, offset, event_id and the server's SQLSTATE. 0 once it resolved.
 pub const STUCK_EVENT: &str = "history_stuck_event";
-/// Dead letters stored in the table but not (yet) published to `dead_letter.topic`.
+/// Failed attempts to publish a stored dead letter to `dead_letter.topic` (the relay retries).
 pub const DEAD_LETTER_PUBLISH_FAILURES_TOTAL: &str = "history_dead_letter_publish_failures_total";
 /// 1 while `/readyz` would answer 200, 0 otherwise (for alerting without a blackbox probe).
 pub const READY: &str = "history_ready";

@@ -52,13 +52,17 @@ impl Pipeline {
         publisher: Option<Arc<DeadLetterPublisher>>,
     ) -> Pipeline {
         let committer = OffsetCommitter::new(settings.commit_interval()).start();
+        let mut arbiters = Vec::with_capacity(settings.writers + 1);
         if let Some(publisher) = &publisher {
-            dead_letter_topic::spawn_relay(
+            // On a thread of its own, stopped with the writers.
+            let arbiter = Arbiter::new();
+            arbiter.spawn(dead_letter_topic::relay(
                 publisher.clone(),
                 pool.clone(),
                 settings.retry_initial(),
                 settings.retry_max(),
-            );
+            ));
+            arbiters.push(arbiter);
         }
         let writer_settings = WriterSettings {
             batch_max_events: settings.batch_max_events,
@@ -66,7 +70,6 @@ impl Pipeline {
             retry_initial: settings.retry_initial(),
             retry_max: settings.retry_max(),
         };
-        let mut arbiters = Vec::with_capacity(settings.writers);
         let writers = (0..settings.writers)
             .map(|id| {
                 let arbiter = Arbiter::new();

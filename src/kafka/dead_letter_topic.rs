@@ -104,59 +104,55 @@ impl DeadLetterPublisher {
     }
 }
 
-/// Starts the relay on the current arbiter: it publishes pending letters when woken (and
-/// every `retry_max` anyway, for letters left by another replica or an earlier run); after a
-/// failure it waits `retry_initial`, doubling up to `retry_max`, before the next round.
-pub fn spawn_relay(
+/// The relay, to run as a task until the pipeline stops: it publishes pending letters when
+/// woken (and every `retry_max` anyway, for letters left by another replica or an earlier run);
+/// after a failure it waits `retry_initial`, doubling up to `retry_max`, before the next round.
+pub async fn relay(
     publisher: Arc<DeadLetterPublisher>,
     pool: PgPool,
     retry_initial: Duration,
     retry_max: Duration,
 ) {
-    actix_rt::spawn(async move {
-        let mut backoff: Option<Duration> = None;
-        loop {
-            match backoff {
-                // Failing: wait out the backoff, whatever arrives meanwhile.
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => {
-                    let _ = tokio::time::timeout(retry_max, publisher.wake.notified()).await;
+    let mut backoff: Option<Duration> = None;
+    loop {
+        match backoff {
+            // Failing: wait out the backoff, whatever arrives meanwhile.
+            Some(delay) => tokio::time::sleep(delay).await,
+            None => {
+                let _ = tokio::time::timeout(retry_max, publisher.wake.notified()).await;
+            }
+        }
+        backoff = loop {
+            match publisher.publish_round(&pool).await {
+                Ok(round) if round.failed > 0 => {
+                    let delay = backoff.map_or(retry_initial, |delay| (delay * 2).min(retry_max));
+                    warn!(
+                        topic = %publisher.topic,
+                        failed = round.failed,
+                        published = round.published,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "publishing dead letters failed (they are stored; the reason is in \
+                         dead_letters.publish_error): retrying"
+                    );
+                    break Some(delay);
+                }
+                Ok(round) if round.pending as i64 == ROUND_LIMIT => continue,
+                Ok(round) => {
+                    if round.published > 0 {
+                        debug!(topic = %publisher.topic, published = round.published,
+                            "dead letters published");
+                    }
+                    break None;
+                }
+                Err(error) => {
+                    let delay = backoff.map_or(retry_initial, |delay| (delay * 2).min(retry_max));
+                    warn!(%error, retry_in_ms = delay.as_millis() as u64,
+                        "cannot read the dead letters to publish: retrying");
+                    break Some(delay);
                 }
             }
-            backoff = loop {
-                match publisher.publish_round(&pool).await {
-                    Ok(round) if round.failed > 0 => {
-                        let delay =
-                            backoff.map_or(retry_initial, |delay| (delay * 2).min(retry_max));
-                        warn!(
-                            topic = %publisher.topic,
-                            failed = round.failed,
-                            published = round.published,
-                            retry_in_ms = delay.as_millis() as u64,
-                            "publishing dead letters failed (they are stored; the reason is in \
-                             dead_letters.publish_error): retrying"
-                        );
-                        break Some(delay);
-                    }
-                    Ok(round) if round.pending as i64 == ROUND_LIMIT => continue,
-                    Ok(round) => {
-                        if round.published > 0 {
-                            debug!(topic = %publisher.topic, published = round.published,
-                                "dead letters published");
-                        }
-                        break None;
-                    }
-                    Err(error) => {
-                        let delay =
-                            backoff.map_or(retry_initial, |delay| (delay * 2).min(retry_max));
-                        warn!(%error, retry_in_ms = delay.as_millis() as u64,
-                            "cannot read the dead letters to publish: retrying");
-                        break Some(delay);
-                    }
-                }
-            };
-        }
-    });
+        };
+    }
 }
 
 fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
