@@ -176,10 +176,12 @@ pub struct PublishRound {
     pub failed: usize,
 }
 
-/// Publishes up to `limit` letters pending for `topic`, oldest first, through `publish` (one
+/// Publishes up to `limit` letters pending for `topic`, through `publish` (one
 /// result per letter), and records the outcome on each row: published, or the attempt and its
 /// error. The rows are locked while they are published (`SKIP LOCKED`: several replicas, or an
-/// operator's `dead-letters publish`, never publish the same letter at once).
+/// operator's `dead-letters publish`, never publish the same letter at once). Letters that
+/// failed least go first, oldest first among equals: letters the topic refuses for good (too
+/// large) never hold back the ones after them.
 pub async fn publish_pending<F, Fut>(
     pool: &PgPool,
     topic: &str,
@@ -196,7 +198,7 @@ where
         .query(
             "SELECT topic, partition, \"offset\", record_key, payload, reason_code, reason \
              FROM dead_letters WHERE publish_to = $1 AND published_at IS NULL \
-             ORDER BY first_seen, topic, partition, \"offset\" LIMIT $2 \
+             ORDER BY publish_attempts, first_seen, topic, partition, \"offset\" LIMIT $2 \
              FOR UPDATE SKIP LOCKED",
             &[&topic, &limit],
         )

@@ -252,3 +252,52 @@ async fn an_operator_sees_the_publish_state_and_resends_what_is_pending() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("published 0 dead letters"), "{out}");
 }
+
+#[actix_rt::test]
+async fn letters_the_topic_keeps_refusing_do_not_hold_back_newer_ones() {
+    use history_service::domain::DecodeError;
+    use history_service::store::dead_letters::{self, DeadLetter, DeadLetterRow};
+
+    let db = TestDb::migrated().await;
+    let letter = DeadLetter::new(&DecodeError::NullPayload, None, None, None);
+    let rows: Vec<DeadLetterRow<'_>> = (0..4)
+        .map(|offset| DeadLetterRow {
+            topic: TOPIC,
+            partition: 0,
+            offset,
+            letter: &letter,
+        })
+        .collect();
+    let pool = db.pool(1);
+    dead_letters::insert(&pool, &rows).await.unwrap();
+    dead_letters::request_publication(&pool, &rows, DLQ)
+        .await
+        .unwrap();
+    // Offsets 0 and 1 are refused for good (too large for the topic, say).
+    let refuse = |letters: Vec<dead_letters::PendingLetter>| async move {
+        letters
+            .iter()
+            .map(|l| {
+                if l.offset < 2 {
+                    Err("Message size too large".to_owned())
+                } else {
+                    Ok(())
+                }
+            })
+            .collect()
+    };
+    let first = dead_letters::publish_pending(&pool, DLQ, 2, refuse)
+        .await
+        .unwrap();
+    assert_eq!((first.published, first.failed), (0, 2));
+    let second = dead_letters::publish_pending(&pool, DLQ, 2, refuse)
+        .await
+        .unwrap();
+    assert_eq!(
+        (second.published, second.failed),
+        (2, 0),
+        "the newer letters go before the ones that failed"
+    );
+    let (published, failing, attempts) = publish_state(&db).await;
+    assert_eq!((published, failing, attempts), (2, 2, 2));
+}
