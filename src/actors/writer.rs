@@ -2,6 +2,11 @@
 //! `batch_linger_ms`) and runs one transaction per batch. Every record's outcome is reported:
 //! resolved offsets to the OffsetCommitter; an Unknown batch is retried with exponential
 //! backoff, and its offsets stay unresolved (so uncommitted) until the database answers.
+//!
+//! A batch the server rejects because of its data is bisected (`domain::bisect`): what the
+//! server accepts is written, and each event it rejects by itself is parked — retried alone,
+//! with backoff, while the writer serves other jobs — so one bad event holds back only its own
+//! partition, at its offset, and is named in the log and in `history_stuck_event`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
