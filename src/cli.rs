@@ -84,6 +84,9 @@ pub enum DeadLettersCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Publish the dead letters still waiting for `dead_letter.topic` now (the service's relay
+    /// retries them anyway); exits 1 if some still fail, with the reason stored on each.
+    Publish,
 }
 
 #[derive(Debug, clap::Args)]
@@ -319,6 +322,9 @@ async fn run_dead_letters(
                 if *payload {
                     println!("    payload: {}", preview(letter.payload.as_deref()));
                 }
+                if let Some(topic) = &letter.publish_to {
+                    println!("    {}", publish_state(topic, letter));
+                }
             }
             let counts = dead_letters::count_by_reason(&client).await?;
             let summary: Vec<String> = counts
@@ -375,7 +381,52 @@ async fn run_dead_letters(
             );
             Ok(ExitCode::SUCCESS)
         }
+        DeadLettersCommand::Publish => publish_dead_letters(settings, &database).await,
     }
+}
+
+/// Where a letter stands with the dead-letter topic.
+fn publish_state(topic: &str, letter: &dead_letters::StoredDeadLetter) -> String {
+    match (&letter.published_at, &letter.publish_error) {
+        (Some(at), _) => format!("published to {topic} at {}", at.format("%Y-%m-%d %H:%M:%S")),
+        (None, error) => format!(
+            "not yet published to {topic}: {} failed attempts{}",
+            letter.publish_attempts,
+            error
+                .as_ref()
+                .map_or(String::new(), |error| format!(", last error: {error}"))
+        ),
+    }
+}
+
+/// `dead-letters publish`: the relay's rounds, run once until nothing is pending or a round fails.
+async fn publish_dead_letters(
+    settings: &Settings,
+    database: &Database,
+) -> anyhow::Result<ExitCode> {
+    let topic = &settings.dead_letter.topic;
+    if topic.is_empty() {
+        anyhow::bail!("dead_letter.topic is not set: there is no topic to publish to");
+    }
+    let publisher =
+        crate::kafka::dead_letter_topic::DeadLetterPublisher::new(&settings.kafka, topic)?;
+    let pool = database.pool(1, settings.database.connect_timeout());
+    let (mut published, mut failed) = (0, 0);
+    loop {
+        let round = publisher.publish_round(&pool).await?;
+        published += round.published;
+        failed += round.failed;
+        if round.pending == 0 || round.failed > 0 {
+            break;
+        }
+    }
+    println!("published {published} dead letters to {topic}; {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        println!("see `history-service dead-letters list` for each one's reason");
+        ExitCode::from(1)
+    })
 }
 
 /// A payload for a terminal: escaped, at most 200 bytes.

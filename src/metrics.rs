@@ -30,7 +30,7 @@ pub const OFFSET_RESET_SKIPPED_RECORDS_TOTAL: &str = "history_offset_reset_skipp
 /// 1 while an event the database keeps rejecting holds its partition's position; labels name
 /// topic, partition, offset, event_id and the server's SQLSTATE. 0 once it resolved.
 pub const STUCK_EVENT: &str = "history_stuck_event";
-/// Dead letters stored in the table but not (yet) published to `dead_letter.topic`.
+/// Failed attempts to publish a stored dead letter to `dead_letter.topic` (the relay retries).
 pub const DEAD_LETTER_PUBLISH_FAILURES_TOTAL: &str = "history_dead_letter_publish_failures_total";
 /// 1 while `/readyz` would answer 200, 0 otherwise (for alerting without a blackbox probe).
 pub const READY: &str = "history_ready";
@@ -227,4 +227,30 @@ pub fn offset_reset(tp: &TopicPartition, skipped: u64) {
 /// One Kafka client error, labelled by its code name (bounded, never free text).
 pub fn kafka_client_error(name: &str) {
     metrics::counter!(KAFKA_CLIENT_ERRORS_TOTAL, "error" => name.to_owned()).increment(1);
+}
+
+/// Sets `history_stuck_event` for an event the database rejects: 1 while it is stuck, 0 once
+/// it resolved (the series stays, at 0, so an alert on it clears).
+pub fn set_stuck_event(
+    tp: &TopicPartition,
+    offset: i64,
+    event_id: &str,
+    sqlstate: &str,
+    stuck: bool,
+) {
+    let [topic, partition] = partition_labels(tp);
+    let labels = [
+        topic,
+        partition,
+        ("offset", offset.to_string()),
+        ("event_id", event_id.to_owned()),
+        ("sqlstate", sqlstate.to_owned()),
+    ];
+    metrics::gauge!(STUCK_EVENT, &labels).set(if stuck { 1.0 } else { 0.0 });
+}
+
+/// Failed attempts to publish a dead letter to `dead_letter.topic` (the letter is stored; the
+/// relay retries it).
+pub fn dead_letter_publish_failures(count: u64) {
+    metrics::counter!(DEAD_LETTER_PUBLISH_FAILURES_TOTAL).increment(count);
 }

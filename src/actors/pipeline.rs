@@ -15,7 +15,7 @@ use super::messages::{
 use super::partition::PartitionActor;
 use super::writer::{DbWriter, WriterSettings};
 use crate::config::PipelineSettings;
-use crate::kafka::dead_letter_topic::DeadLetterPublisher;
+use crate::kafka::dead_letter_topic::{self, DeadLetterPublisher};
 use crate::metrics::Stats;
 use crate::store::{PgHistoryRepository, PgPool};
 
@@ -46,13 +46,24 @@ impl Pipeline {
         stats: Arc<Stats>,
         publisher: Option<Arc<DeadLetterPublisher>>,
     ) -> Pipeline {
+        let mut arbiters = Vec::with_capacity(settings.writers + 1);
+        if let Some(publisher) = &publisher {
+            // On a thread of its own, stopped with the writers.
+            let arbiter = Arbiter::new();
+            arbiter.spawn(dead_letter_topic::relay(
+                publisher.clone(),
+                pool.clone(),
+                settings.retry_initial(),
+                settings.retry_max(),
+            ));
+            arbiters.push(arbiter);
+        }
         let writer_settings = WriterSettings {
             batch_max_events: settings.batch_max_events,
             batch_linger: settings.batch_linger(),
             retry_initial: settings.retry_initial(),
             retry_max: settings.retry_max(),
         };
-        let mut arbiters = Vec::with_capacity(settings.writers);
         // The committer dispatches to the writers and the writers report to the committer:
         // `create` hands out the committer's address before the committer itself exists.
         let committer = OffsetCommitter::create(|ctx| {

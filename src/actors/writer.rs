@@ -2,20 +2,28 @@
 //! `batch_linger_ms`) and runs one transaction per batch. Every record's outcome is reported:
 //! resolved offsets to the OffsetCommitter; an Unknown batch is retried with exponential
 //! backoff, and its offsets stay unresolved (so uncommitted) until the database answers.
+//!
+//! A batch the server rejects because of its data is bisected (`domain::bisect`): what the
+//! server accepts is written, and each event it rejects by itself is parked — retried alone,
+//! with backoff, while the writer serves other jobs — so one bad event holds back only its own
+//! partition, at its offset, and is named in the log and in `history_stuck_event`.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use tracing::{debug, info, warn};
+use tokio_postgres::error::DbError;
+use tracing::{debug, error, info, warn};
 
 use super::committer::OffsetCommitter;
-use super::messages::{Resolved, ResolvedOffset, Work, WriteJob, WriteJobs};
-use crate::domain::{HistoryEvent, Resolution, process_history_batch};
+use super::messages::{
+    Epoch, InspectWindows, Resolved, ResolvedOffset, TopicPartition, Work, WriteJob, WriteJobs,
+};
+use crate::domain::{HistoryEvent, Resolution, bisect, process_history_batch};
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
-use crate::metrics::{OutcomeClass, Stats};
-use crate::store::dead_letters::{self, DeadLetterRow};
+use crate::metrics::{self, OutcomeClass, Stats};
+use crate::store::dead_letters::{self, DeadLetter, DeadLetterRow};
 use crate::store::repository::load_events;
 use crate::store::{PgHistoryRepository, StoreError};
 
@@ -53,12 +61,93 @@ pub struct DbWriter {
     attempt: u32,
 }
 
+/// One record's work, typed by kind: the batch code never has to ask which kind a job is.
+#[derive(Debug, Clone)]
+struct Job<T> {
+    tp: TopicPartition,
+    epoch: Epoch,
+    offset: i64,
+    item: T,
+}
+
+impl<T> Job<T> {
+    fn position(&self) -> ResolvedOffset {
+        ResolvedOffset {
+            tp: self.tp.clone(),
+            epoch: self.epoch,
+            offset: self.offset,
+        }
+    }
+}
+
+/// A batch of jobs, split by kind.
+#[derive(Default)]
+struct Batch {
+    events: Vec<Job<HistoryEvent>>,
+    letters: Vec<Job<DeadLetter>>,
+}
+
+impl Batch {
+    fn of(jobs: impl IntoIterator<Item = WriteJob>) -> Self {
+        let mut batch = Batch::default();
+        for WriteJob {
+            tp,
+            epoch,
+            offset,
+            work,
+        } in jobs
+        {
+            match work {
+                Work::Event(item) => batch.events.push(Job {
+                    tp,
+                    epoch,
+                    offset,
+                    item,
+                }),
+                Work::DeadLetter(item) => batch.letters.push(Job {
+                    tp,
+                    epoch,
+                    offset,
+                    item,
+                }),
+            }
+        }
+        batch
+    }
+
+    fn len(&self) -> usize {
+        self.events.len() + self.letters.len()
+    }
+}
+
+/// The server's reason for rejecting an event by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rejection {
+    sqlstate: String,
+    message: String,
+}
+
+/// An event the database rejects by itself, retried alone (its outcome stays Unknown).
+struct Parked {
+    job: Job<HistoryEvent>,
+    rejection: Rejection,
+    /// The delay before the next attempt.
+    delay: Duration,
+    attempts: u32,
+}
+
 /// What one batch came to.
 struct BatchResult {
-    /// Jobs resolved, with their outcome class.
-    resolved: Vec<(WriteJob, OutcomeClass)>,
-    /// Jobs whose outcome is Unknown, with the error.
-    failed: Option<(Vec<WriteJob>, WriteError)>,
+    /// Offsets resolved, with their outcome class.
+    resolved: Vec<(ResolvedOffset, OutcomeClass)>,
+    /// Reason codes of the dead letters stored.
+    dead_letter_reasons: Vec<&'static str>,
+    /// Events the database rejected by themselves (isolated by bisecting the batch).
+    rejected: Vec<(Job<HistoryEvent>, Rejection)>,
+    /// Jobs whose outcome is Unknown for a reason not about them (an outage), with the error.
+    failed: Option<(Batch, StoreError)>,
+    /// Jobs attempted.
+    attempted: usize,
     elapsed: Duration,
 }
 
@@ -112,11 +201,11 @@ impl DbWriter {
             return;
         }
         let take = self.buffer.len().min(self.settings.batch_max_events);
-        let batch: Vec<WriteJob> = self.buffer.drain(..take).collect();
+        let batch = Batch::of(self.buffer.drain(..take));
         self.write(batch, ctx);
     }
 
-    fn write(&mut self, batch: Vec<WriteJob>, ctx: &mut Context<Self>) {
+    fn write(&mut self, batch: Batch, ctx: &mut Context<Self>) {
         self.state = State::Writing;
         let work = execute(
             self.repository.clone(),
@@ -131,36 +220,13 @@ impl DbWriter {
     }
 
     fn finish(&mut self, result: BatchResult, ctx: &mut Context<Self>) {
-        self.stats.transaction(
-            result.elapsed,
-            result.resolved.len() + result.failed.as_ref().map_or(0, |f| f.0.len()),
-        );
-        if !result.resolved.is_empty() {
-            let mut counts = [0u64; 4];
-            let resolved = result
-                .resolved
-                .into_iter()
-                .map(|(job, class)| {
-                    counts[class as usize] += 1;
-                    if let Work::DeadLetter(letter) = &job.work {
-                        self.stats.dead_letter_reason(letter.reason_code);
-                    }
-                    ResolvedOffset {
-                        tp: job.tp,
-                        epoch: job.epoch,
-                        offset: job.offset,
-                    }
-                })
-                .collect();
-            for class in [
-                OutcomeClass::Applied,
-                OutcomeClass::AlreadyApplied,
-                OutcomeClass::Unknown,
-                OutcomeClass::DeadLetter,
-            ] {
-                self.stats.outcomes(class, counts[class as usize]);
-            }
-            self.committer.do_send(Resolved(resolved));
+        self.stats.transaction(result.elapsed, result.attempted);
+        for reason in result.dead_letter_reasons {
+            self.stats.dead_letter_reason(reason);
+        }
+        self.report(result.resolved);
+        for (job, rejection) in result.rejected {
+            self.park(job, rejection, ctx);
         }
         match result.failed {
             None => {
@@ -176,106 +242,308 @@ impl DbWriter {
                 self.state = State::Idle;
                 self.schedule(ctx);
             }
-            Some((jobs, error)) => {
+            Some((batch, error)) => {
                 self.stats
-                    .outcomes(OutcomeClass::Unknown, jobs.len() as u64);
+                    .outcomes(OutcomeClass::Unknown, batch.len() as u64);
                 self.stats.retry();
                 self.attempt += 1;
                 let delay = self.next_delay;
                 self.next_delay = (delay * 2).min(self.settings.retry_max);
                 warn!(
                     writer = self.id,
-                    records = jobs.len(),
+                    records = batch.len(),
                     attempt = self.attempt,
                     retry_in_ms = delay.as_millis() as u64,
                     %error,
                     "write failed, outcome unknown: retrying"
                 );
                 self.state = State::BackingOff;
-                ctx.run_later(delay, move |writer, ctx| writer.write(jobs, ctx));
+                ctx.run_later(delay, move |writer, ctx| writer.write(batch, ctx));
             }
         }
     }
+
+    /// Counts resolved offsets and hands them to the committer.
+    fn report(&self, resolved: Vec<(ResolvedOffset, OutcomeClass)>) {
+        if resolved.is_empty() {
+            return;
+        }
+        let mut counts = [0u64; 4];
+        let offsets = resolved
+            .into_iter()
+            .map(|(offset, class)| {
+                counts[class as usize] += 1;
+                offset
+            })
+            .collect();
+        for class in [
+            OutcomeClass::Applied,
+            OutcomeClass::AlreadyApplied,
+            OutcomeClass::Unknown,
+            OutcomeClass::DeadLetter,
+        ] {
+            self.stats.outcomes(class, counts[class as usize]);
+        }
+        self.committer.do_send(Resolved(offsets));
+    }
+
+    /// Sets an event the database rejects aside: it is retried alone, with backoff, while the
+    /// writer goes on with other jobs. Its outcome stays Unknown, so its partition's position
+    /// waits at its offset (and the partition's window fills and pauses it, alone).
+    fn park(&mut self, job: Job<HistoryEvent>, rejection: Rejection, ctx: &mut Context<Self>) {
+        self.stats.outcomes(OutcomeClass::Unknown, 1);
+        self.stats.retry();
+        metrics::set_stuck_event(
+            &job.tp,
+            job.offset,
+            &job.item.event_id,
+            &rejection.sqlstate,
+            true,
+        );
+        error!(
+            writer = self.id,
+            partition = %job.tp,
+            offset = job.offset,
+            event_id = %job.item.event_id,
+            sqlstate = %rejection.sqlstate,
+            error = %rejection.message,
+            "the database rejects this event: its partition's position waits at this offset \
+             (other partitions go on); retrying it alone until the database accepts it"
+        );
+        let parked = Parked {
+            job,
+            rejection,
+            delay: self.settings.retry_initial,
+            attempts: 1,
+        };
+        self.retry_parked_later(parked, ctx);
+    }
+
+    fn retry_parked_later(&mut self, parked: Parked, ctx: &mut Context<Self>) {
+        ctx.run_later(parked.delay, move |writer, ctx| {
+            writer.retry_parked(parked, ctx)
+        });
+    }
+
+    fn retry_parked(&mut self, mut parked: Parked, ctx: &mut Context<Self>) {
+        let repository = self.repository.clone();
+        let stats = self.stats.clone();
+        let committer = self.committer.clone();
+        let job = parked.job.clone();
+        let attempt = async move {
+            // A partition revoked meanwhile is re-read by its next owner: stop retrying here.
+            let assigned = committer
+                .send(InspectWindows)
+                .await
+                .map(|windows| {
+                    windows
+                        .iter()
+                        .any(|window| window.tp == job.tp && window.epoch == job.epoch)
+                })
+                .unwrap_or(true);
+            if !assigned {
+                return None;
+            }
+            Some(write_events(&repository, &stats, std::slice::from_ref(&job)).await)
+        };
+        ctx.spawn(attempt.into_actor(self).map(move |result, writer, ctx| {
+            let job = &parked.job;
+            let unstick = |rejection: &Rejection| {
+                metrics::set_stuck_event(
+                    &job.tp,
+                    job.offset,
+                    &job.item.event_id,
+                    &rejection.sqlstate,
+                    false,
+                )
+            };
+            match result {
+                None => {
+                    unstick(&parked.rejection);
+                    info!(
+                        partition = %job.tp,
+                        offset = job.offset,
+                        event_id = %job.item.event_id,
+                        "stuck event no longer retried here: its partition was revoked"
+                    );
+                }
+                Some(Ok(classes)) => {
+                    unstick(&parked.rejection);
+                    info!(
+                        partition = %job.tp,
+                        offset = job.offset,
+                        event_id = %job.item.event_id,
+                        attempts = parked.attempts + 1,
+                        "stuck event written: its partition moves on"
+                    );
+                    if let Some(&class) = classes.first() {
+                        writer.report(vec![(job.position(), class)]);
+                    }
+                }
+                Some(Err(error)) => {
+                    writer.stats.outcomes(OutcomeClass::Unknown, 1);
+                    writer.stats.retry();
+                    // During an outage the server gives no reason; the last one stands.
+                    if let Some(rejection) = rejection(&error) {
+                        if rejection.sqlstate != parked.rejection.sqlstate {
+                            unstick(&parked.rejection);
+                            metrics::set_stuck_event(
+                                &job.tp,
+                                job.offset,
+                                &job.item.event_id,
+                                &rejection.sqlstate,
+                                true,
+                            );
+                            warn!(
+                                partition = %job.tp,
+                                offset = job.offset,
+                                event_id = %job.item.event_id,
+                                sqlstate = %rejection.sqlstate,
+                                error = %rejection.message,
+                                "the database rejects the stuck event for another reason now"
+                            );
+                        }
+                        parked.rejection = rejection;
+                    }
+                    debug!(
+                        partition = %job.tp,
+                        offset = job.offset,
+                        event_id = %job.item.event_id,
+                        attempts = parked.attempts + 1,
+                        %error,
+                        "stuck event still rejected"
+                    );
+                    parked.attempts += 1;
+                    parked.delay = (parked.delay * 2).min(writer.settings.retry_max);
+                    writer.retry_parked_later(parked, ctx);
+                }
+            }
+        }));
+    }
 }
 
-/// Why a batch's outcome is Unknown.
-#[derive(Debug, thiserror::Error)]
-enum WriteError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("publishing to the dead-letter topic failed: {0}")]
-    Publish(#[from] rdkafka::error::KafkaError),
+/// The server's reason, when a write failed because of the data it was given — a constraint
+/// (SQLSTATE class 23), a value the column cannot hold (22), a row over a limit such as an
+/// index entry too large (54), a trigger's exception (P0), a check option (44), a cardinality
+/// violation (21). Such an error follows the event that causes it, so the batch is bisected to
+/// isolate it. Anything else — no connection, a time-out, a terminated session (57), resources
+/// (53), a deadlock (40), a permission or a missing table (42) — is about the database, not
+/// the event: bisecting would only multiply the failing attempts, so the batch is retried whole.
+fn rejection(error: &StoreError) -> Option<Rejection> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(cause) = source {
+        if let Some(db) = cause.downcast_ref::<DbError>() {
+            let sqlstate = db.code().code();
+            let class = sqlstate.get(..2).unwrap_or_default();
+            return ["21", "22", "23", "44", "54", "P0"]
+                .contains(&class)
+                .then(|| Rejection {
+                    sqlstate: sqlstate.to_owned(),
+                    message: db.message().to_owned(),
+                });
+        }
+        source = cause.source();
+    }
+    None
 }
 
 /// Runs one batch: the events through the per-event transaction's batched form, the dead
-/// letters through their insert (and the dead-letter topic, if any). The two are independent:
-/// one failing leaves the other resolved.
+/// letters through their insert (and, with a dead-letter topic, a mark for its relay). The two are independent:
+/// one failing leaves the other resolved. A batch of events the server rejects is bisected, so
+/// that the events it accepts are written and only the rejected ones are left.
 async fn execute(
     repository: PgHistoryRepository,
     publisher: Option<Arc<DeadLetterPublisher>>,
     stats: Arc<Stats>,
-    batch: Vec<WriteJob>,
+    batch: Batch,
 ) -> BatchResult {
     let started = Instant::now();
-    let (events, letters): (Vec<WriteJob>, Vec<WriteJob>) = batch
-        .into_iter()
-        .partition(|job| matches!(job.work, Work::Event(_)));
-    let mut resolved = Vec::with_capacity(events.len() + letters.len());
-    let mut failed_jobs = Vec::new();
+    let attempted = batch.len();
+    let Batch { events, letters } = batch;
+    let mut resolved = Vec::with_capacity(attempted);
+    let mut rejected = Vec::new();
+    let mut failed = Batch::default();
     let mut error = None;
 
     if !events.is_empty() {
-        match write_events(&repository, &events).await {
-            Ok(classes) => {
-                report_conflicts(&repository, &stats, &events, &classes).await;
-                resolved.extend(events.into_iter().zip(classes));
+        match write_events(&repository, &stats, &events).await {
+            Ok(classes) => resolved.extend(events.iter().map(Job::position).zip(classes)),
+            Err(err) if rejection(&err).is_some() => {
+                let attempt = |chunk: &[Job<HistoryEvent>]| {
+                    let (repository, stats, chunk) =
+                        (repository.clone(), stats.clone(), chunk.to_vec());
+                    async move { write_events(&repository, &stats, &chunk).await }
+                };
+                let isolation =
+                    bisect::isolate(events, err, attempt, |err| rejection(err).is_some()).await;
+                resolved.extend(
+                    isolation
+                        .done
+                        .into_iter()
+                        .map(|(job, class)| (job.position(), class)),
+                );
+                rejected.extend(
+                    isolation
+                        .rejected
+                        .into_iter()
+                        .filter_map(|(job, err)| rejection(&err).map(|rejection| (job, rejection))),
+                );
+                if let Some((jobs, err)) = isolation.failed {
+                    failed.events = jobs;
+                    error = Some(err);
+                }
             }
             Err(err) => {
-                failed_jobs.extend(events);
-                error = Some(WriteError::Store(err));
+                failed.events = events;
+                error = Some(err);
             }
         }
     }
+    let mut dead_letter_reasons = Vec::new();
     if !letters.is_empty() {
         match write_dead_letters(&repository, publisher.as_deref(), &stats, &letters).await {
-            Ok(()) => resolved.extend(
-                letters
-                    .into_iter()
-                    .map(|job| (job, OutcomeClass::DeadLetter)),
-            ),
+            Ok(()) => {
+                dead_letter_reasons.extend(letters.iter().map(|job| job.item.reason_code));
+                resolved.extend(
+                    letters
+                        .iter()
+                        .map(|job| (job.position(), OutcomeClass::DeadLetter)),
+                );
+            }
             Err(err) => {
-                failed_jobs.extend(letters);
+                failed.letters = letters;
                 error.get_or_insert(err);
             }
         }
     }
     BatchResult {
         resolved,
-        failed: error.map(|error| (failed_jobs, error)),
+        dead_letter_reasons,
+        rejected,
+        failed: error.map(|error| (failed, error)),
+        attempted,
         elapsed: started.elapsed(),
     }
 }
 
-fn event_of(job: &WriteJob) -> &HistoryEvent {
-    match &job.work {
-        Work::Event(event) => event,
-        Work::DeadLetter(_) => unreachable!("only event jobs are passed here"),
-    }
-}
-
+/// Writes events in one transaction; on success, reports the duplicates whose content differs
+/// from the stored row.
 async fn write_events(
     repository: &PgHistoryRepository,
-    events: &[WriteJob],
+    stats: &Stats,
+    events: &[Job<HistoryEvent>],
 ) -> Result<Vec<OutcomeClass>, StoreError> {
-    let refs: Vec<&HistoryEvent> = events.iter().map(event_of).collect();
+    let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item).collect();
     let resolutions = process_history_batch(repository, &refs).await?;
-    Ok(resolutions
+    let classes: Vec<OutcomeClass> = resolutions
         .into_iter()
         .map(|resolution| match resolution {
             Resolution::Applied => OutcomeClass::Applied,
             Resolution::AlreadyApplied => OutcomeClass::AlreadyApplied,
         })
-        .collect())
+        .collect();
+    report_conflicts(repository, stats, events, &classes).await;
+    Ok(classes)
 }
 
 /// A redelivered `event_id` whose content differs from the stored row is not merged: the
@@ -283,10 +551,10 @@ async fn write_events(
 async fn report_conflicts(
     repository: &PgHistoryRepository,
     stats: &Stats,
-    events: &[WriteJob],
+    events: &[Job<HistoryEvent>],
     classes: &[OutcomeClass],
 ) {
-    let duplicates: Vec<&WriteJob> = events
+    let duplicates: Vec<&Job<HistoryEvent>> = events
         .iter()
         .zip(classes)
         .filter(|(_, class)| **class == OutcomeClass::AlreadyApplied)
@@ -297,7 +565,7 @@ async fn report_conflicts(
     }
     let ids: Vec<&str> = duplicates
         .iter()
-        .map(|job| event_of(job).event_id.as_str())
+        .map(|job| job.item.event_id.as_str())
         .collect();
     // The stored rows never change, so reading them after the commit is as good as inside it.
     let stored = match load_events(repository.pool(), &ids).await {
@@ -308,9 +576,9 @@ async fn report_conflicts(
         }
     };
     for job in duplicates {
-        let event = event_of(job);
+        let event = &job.item;
         if let Some(row) = stored.get(&event.event_id) {
-            if !row.same_content(event) {
+            if row != event {
                 stats.conflicting_duplicate();
                 warn!(
                     event_id = %event.event_id,
@@ -329,18 +597,15 @@ async fn write_dead_letters(
     repository: &PgHistoryRepository,
     publisher: Option<&DeadLetterPublisher>,
     stats: &Stats,
-    letters: &[WriteJob],
-) -> Result<(), WriteError> {
+    letters: &[Job<DeadLetter>],
+) -> Result<(), StoreError> {
     let rows: Vec<DeadLetterRow<'_>> = letters
         .iter()
-        .map(|job| match &job.work {
-            Work::DeadLetter(letter) => DeadLetterRow {
-                topic: &job.tp.topic,
-                partition: job.tp.partition,
-                offset: job.offset,
-                letter,
-            },
-            Work::Event(_) => unreachable!("only dead-letter jobs are passed here"),
+        .map(|job| DeadLetterRow {
+            topic: &job.tp.topic,
+            partition: job.tp.partition,
+            offset: job.offset,
+            letter: &job.item,
         })
         .collect();
     let outcome = dead_letters::insert(repository.pool(), &rows).await?;
@@ -361,17 +626,10 @@ async fn write_dead_letters(
         "dead letters written"
     );
     if let Some(publisher) = publisher {
-        // Only what no earlier delivery published: a redelivered poison record is not
-        // published twice (a crash between publishing and marking may still repeat one).
-        let pending: Vec<DeadLetterRow<'_>> = dead_letters::unpublished(repository.pool(), &rows)
-            .await?
-            .into_iter()
-            .map(|index| rows[index].clone())
-            .collect();
-        if !pending.is_empty() {
-            publisher.publish(&pending).await?;
-            dead_letters::mark_published(repository.pool(), &pending).await?;
-        }
+        // Stored is what counts: the relay publishes in the background, so a topic that
+        // refuses the letter never holds its partition back.
+        dead_letters::request_publication(repository.pool(), &rows, publisher.topic()).await?;
+        publisher.wake();
     }
     Ok(())
 }

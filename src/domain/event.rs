@@ -18,6 +18,10 @@ pub const MAX_STATUS_CHARS: usize = 64;
 pub const MAX_TIMESTAMP_CHARS: usize = 64;
 
 /// One logical ticket status transition, validated.
+///
+/// Equality is the content comparison behind conflicting duplicates: every field equal, and
+/// `changed_at` the same instant whatever offset it was written with (chrono compares the
+/// instants; the database keeps only the instant).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistoryEvent {
     pub event_id: String,
@@ -27,16 +31,26 @@ pub struct HistoryEvent {
     pub changed_at: DateTime<FixedOffset>,
 }
 
-impl HistoryEvent {
-    /// Whether two deliveries carry the same fact: equal fields, and the same instant for
-    /// `changed_at` whatever offset it was written with (the database keeps the instant).
-    pub fn same_content(&self, other: &HistoryEvent) -> bool {
-        self.event_id == other.event_id
-            && self.ticket_id == other.ticket_id
-            && self.from_status == other.from_status
-            && self.to_status == other.to_status
-            && self.changed_at == other.changed_at
-    }
+/// The instant PostgreSQL will store for `changed_at`, keeping the offset it was written with.
+///
+/// A `timestamptz` holds whole microseconds and has no leap seconds, so the decoder settles
+/// both here, once: the event past the decoder is exactly what the database stores and reads
+/// back, and a byte-identical redelivery compares equal to the stored row.
+/// - Digits below the microsecond are truncated (towards the past): the value never moves into
+///   the next second, and tokio-postgres, which sends microseconds, then has nothing left to
+///   drop. (PostgreSQL rounds such text itself; the service sends binary values, not text.)
+/// - A leap second (`23:59:60.x`) folds into the first second of the next minute
+///   (`00:00:00.x`), as PostgreSQL does with such text input.
+///
+/// Neither loses information the projection needs: producers' clocks are not that precise,
+/// and the order of a ticket's events is their Kafka order, not their timestamps.
+pub fn storable_instant(changed_at: DateTime<FixedOffset>) -> DateTime<FixedOffset> {
+    // `timestamp_micros` counts a leap second's extra nanoseconds into the next second and
+    // drops the sub-microsecond digits (flooring: the sub-second part is never negative).
+    DateTime::from_timestamp_micros(changed_at.timestamp_micros())
+        .map(|utc| utc.with_timezone(changed_at.offset()))
+        // Unreachable for RFC 3339 input (years 0000-9999 are in range); kept total anyway.
+        .unwrap_or(changed_at)
 }
 
 /// The payload fields the decoder knows.
@@ -199,11 +213,11 @@ impl RawPayload {
         let from_status = checked_text(Field::FromStatus, from_status)?;
         let to_status = checked_text(Field::ToStatus, to_status)?;
         let changed_at_text = checked_text(Field::ChangedAt, changed_at)?;
-        let changed_at = DateTime::parse_from_rfc3339(&changed_at_text).map_err(|err| {
-            DecodeError::BadTimestamp {
+        let changed_at = DateTime::parse_from_rfc3339(&changed_at_text)
+            .map(storable_instant)
+            .map_err(|err| DecodeError::BadTimestamp {
                 detail: format!("{err} in {changed_at_text:?}"),
-            }
-        })?;
+            })?;
         Ok(HistoryEvent {
             event_id,
             ticket_id,
@@ -606,6 +620,64 @@ mod tests {
             assert_eq!(err.code(), "bad_timestamp", "{stamp}");
             assert_eq!(err.field(), Some(Field::ChangedAt));
         }
+    }
+
+    fn changed_at(stamp: &str) -> DateTime<FixedOffset> {
+        let text = format!(
+            r#"{{"event_id":"e","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"{stamp}"}}"#
+        );
+        decode(&text).unwrap().changed_at
+    }
+
+    #[test]
+    fn truncates_sub_microsecond_digits_towards_the_past() {
+        for (stamp, stored) in [
+            (
+                "2026-10-03T08:00:00.123456789Z",
+                "2026-10-03T08:00:00.123456+00:00",
+            ),
+            (
+                "2026-10-03T08:00:00.999999999+02:00",
+                "2026-10-03T08:00:00.999999+02:00",
+            ),
+            ("1969-07-20T20:17:40.0000005Z", "1969-07-20T20:17:40+00:00"),
+            ("2026-10-03T08:00:00.5Z", "2026-10-03T08:00:00.500+00:00"),
+        ] {
+            assert_eq!(changed_at(stamp).to_rfc3339(), stored, "{stamp}");
+        }
+    }
+
+    #[test]
+    fn folds_a_leap_second_into_the_next_minute_keeping_the_offset() {
+        assert_eq!(
+            changed_at("2026-12-31T23:59:60Z").to_rfc3339(),
+            "2027-01-01T00:00:00+00:00"
+        );
+        assert_eq!(
+            changed_at("2026-12-31T18:59:60.25-05:00").to_rfc3339(),
+            "2026-12-31T19:00:00.250-05:00"
+        );
+        assert_eq!(
+            changed_at("2026-12-31T23:59:60Z"),
+            changed_at("2027-01-01T00:00:00Z")
+        );
+    }
+
+    #[test]
+    fn equal_instants_in_other_offsets_are_the_same_event() {
+        let text = |stamp: &str| {
+            format!(
+                r#"{{"event_id":"e","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"{stamp}"}}"#
+            )
+        };
+        assert_eq!(
+            decode(&text("2026-10-03T10:00:00.1234567+02:00")).unwrap(),
+            decode(&text("2026-10-03T08:00:00.123456Z")).unwrap()
+        );
+        assert_ne!(
+            decode(&text("2026-10-03T08:00:00.123457Z")).unwrap(),
+            decode(&text("2026-10-03T08:00:00.123456Z")).unwrap()
+        );
     }
 
     #[test]

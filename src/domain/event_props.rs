@@ -111,3 +111,59 @@ proptest! {
         prop_assert!(matches!(err, DecodeError::NotJson { .. }), "{err:?}");
     }
 }
+
+/// An RFC 3339 timestamp of any precision up to nanoseconds, any offset, leap seconds included.
+fn rfc3339_timestamp() -> impl Strategy<Value = String> {
+    (
+        0u32..10_000,
+        1u32..=12,
+        1u32..=28,
+        0u32..24,
+        0u32..60,
+        0u32..=60,
+        prop::option::of((1usize..=9, 0u64..1_000_000_000)),
+        prop::option::of((-23i32..=23, 0u32..60)),
+    )
+        .prop_map(|(year, month, day, hour, minute, second, fraction, offset)| {
+            let fraction = fraction
+                .map(|(digits, nanos)| format!(".{:09}", nanos)[..=digits].to_owned())
+                .unwrap_or_default();
+            let offset = match offset {
+                None => "Z".to_owned(),
+                Some((h, m)) => format!("{}{:02}:{m:02}", if h < 0 { '-' } else { '+' }, h.abs()),
+            };
+            format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}{fraction}{offset}")
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
+
+    /// The decoded `changed_at` is what a `timestamptz` holds: whole microseconds, no leap
+    /// second, at most one microsecond before the written instant (so never in another second
+    /// unless it was a leap second), and decoding it again as written changes nothing.
+    #[test]
+    fn decoded_timestamps_are_storable_and_stable(stamp in rfc3339_timestamp()) {
+        let payload = format!(
+            r#"{{"event_id":"e","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"{stamp}"}}"#
+        );
+        let event = HistoryEvent::decode(Some(payload.as_bytes()), LIMIT);
+        prop_assert!(event.is_ok(), "{}: {:?}", stamp, event);
+        let event = event.unwrap();
+        let written = chrono::DateTime::parse_from_rfc3339(&stamp).unwrap();
+        let nanos = event.changed_at.timestamp_subsec_nanos();
+        prop_assert!(nanos < 1_000_000_000, "{stamp}: leap second kept");
+        prop_assert_eq!(nanos % 1000, 0, "{}: below a microsecond", stamp);
+        prop_assert_eq!(event.changed_at.offset(), written.offset());
+        let written_nanos = i128::from(written.timestamp()) * 1_000_000_000
+            + i128::from(written.timestamp_subsec_nanos());
+        let stored_nanos = i128::from(event.changed_at.timestamp()) * 1_000_000_000
+            + i128::from(nanos);
+        prop_assert!((0..1000).contains(&(written_nanos - stored_nanos)), "{}", stamp);
+        let again = format!(
+            r#"{{"event_id":"e","ticket_id":"t","from_status":"a","to_status":"b","changed_at":"{}"}}"#,
+            event.changed_at.to_rfc3339()
+        );
+        prop_assert_eq!(HistoryEvent::decode(Some(again.as_bytes()), LIMIT).unwrap(), event);
+    }
+}

@@ -1,6 +1,7 @@
 //! The pure core: the event, its decoding, and the outcome rules of the per-event transaction.
 //! Nothing here does I/O, so all of it is tested without a broker or a database.
 
+pub mod bisect;
 pub mod event;
 pub mod outcome;
 

@@ -133,44 +133,137 @@ pub async fn insert(
     })
 }
 
-/// The letters among `rows` not yet published to the dead-letter topic.
-pub async fn unpublished(
+/// Marks these letters as to be published to `topic` (the relay then publishes them), unless
+/// an earlier delivery already did: a redelivered poison record is not published twice.
+pub async fn request_publication(
     pool: &PgPool,
     rows: &[DeadLetterRow<'_>],
-) -> Result<Vec<usize>, StoreError> {
+    topic: &str,
+) -> Result<u64, StoreError> {
     let conn = pool.get().await?;
     let (topics, partitions, offsets) = coordinates(rows);
-    let pending: HashSet<(String, i32, i64)> = conn
+    // `publish_to IS NULL` also keeps this from waiting on a row the relay holds locked.
+    Ok(conn
         .client
-        .query(
-            "SELECT topic, partition, \"offset\" FROM dead_letters \
+        .execute(
+            "UPDATE dead_letters SET publish_to = $4 \
              WHERE (topic, partition, \"offset\") IN \
              (SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[])) \
-             AND published_at IS NULL",
-            &[&topics, &partitions, &offsets],
+             AND publish_to IS NULL AND published_at IS NULL",
+            &[&topics, &partitions, &offsets, &topic],
+        )
+        .await?)
+}
+
+/// A stored dead letter waiting to be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingLetter {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub reason_code: String,
+    pub reason: String,
+}
+
+/// What one round of publishing did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PublishRound {
+    /// Letters pending when the round started (at most the limit).
+    pub pending: usize,
+    pub published: usize,
+    pub failed: usize,
+}
+
+/// Publishes up to `limit` letters pending for `topic`, through `publish` (one
+/// result per letter), and records the outcome on each row: published, or the attempt and its
+/// error. The rows are locked while they are published (`SKIP LOCKED`: several replicas, or an
+/// operator's `dead-letters publish`, never publish the same letter at once). Letters that
+/// failed least go first, oldest first among equals: letters the topic refuses for good (too
+/// large) never hold back the ones after them.
+pub async fn publish_pending<F, Fut>(
+    pool: &PgPool,
+    topic: &str,
+    limit: i64,
+    publish: F,
+) -> Result<PublishRound, StoreError>
+where
+    F: FnOnce(Vec<PendingLetter>) -> Fut,
+    Fut: std::future::Future<Output = Vec<Result<(), String>>>,
+{
+    let mut conn = pool.get().await?;
+    let tx = conn.client.transaction().await?;
+    let pending: Vec<PendingLetter> = tx
+        .query(
+            "SELECT topic, partition, \"offset\", record_key, payload, reason_code, reason \
+             FROM dead_letters WHERE publish_to = $1 AND published_at IS NULL \
+             ORDER BY publish_attempts, first_seen, topic, partition, \"offset\" LIMIT $2 \
+             FOR UPDATE SKIP LOCKED",
+            &[&topic, &limit],
         )
         .await?
         .iter()
-        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .map(|row| PendingLetter {
+            topic: row.get(0),
+            partition: row.get(1),
+            offset: row.get(2),
+            key: row.get(3),
+            payload: row.get(4),
+            reason_code: row.get(5),
+            reason: row.get(6),
+        })
         .collect();
-    Ok((0..rows.len())
-        .filter(|&i| pending.contains(&(topics[i].to_owned(), partitions[i], offsets[i])))
-        .collect())
-}
-
-/// Records that these letters were published to the dead-letter topic.
-pub async fn mark_published(pool: &PgPool, rows: &[DeadLetterRow<'_>]) -> Result<(), StoreError> {
-    let conn = pool.get().await?;
-    let (topics, partitions, offsets) = coordinates(rows);
-    conn.client
-        .execute(
-            "UPDATE dead_letters SET published_at = now() \
+    if pending.is_empty() {
+        return Ok(PublishRound::default());
+    }
+    let results = publish(pending.clone()).await;
+    let mut round = PublishRound {
+        pending: pending.len(),
+        ..PublishRound::default()
+    };
+    let (mut ok, mut failed) = (Vec::new(), Vec::new());
+    for (letter, result) in pending.iter().zip(results) {
+        match result {
+            Ok(()) => ok.push(letter),
+            Err(error) => failed.push((letter, error)),
+        }
+    }
+    round.published = ok.len();
+    round.failed = failed.len();
+    let column = |letters: &[&PendingLetter]| {
+        (
+            letters.iter().map(|l| l.topic.clone()).collect::<Vec<_>>(),
+            letters.iter().map(|l| l.partition).collect::<Vec<_>>(),
+            letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
+        )
+    };
+    if !ok.is_empty() {
+        let (topics, partitions, offsets) = column(&ok);
+        tx.execute(
+            "UPDATE dead_letters SET published_at = now(), publish_error = NULL \
              WHERE (topic, partition, \"offset\") IN \
              (SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]))",
             &[&topics, &partitions, &offsets],
         )
         .await?;
-    Ok(())
+    }
+    if !failed.is_empty() {
+        let letters: Vec<&PendingLetter> = failed.iter().map(|(letter, _)| *letter).collect();
+        let (topics, partitions, offsets) = column(&letters);
+        let errors: Vec<&str> = failed.iter().map(|(_, error)| error.as_str()).collect();
+        tx.execute(
+            "UPDATE dead_letters AS d \
+             SET publish_attempts = d.publish_attempts + 1, publish_error = f.error \
+             FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[]) \
+                  AS f(topic, partition, \"offset\", error) \
+             WHERE (d.topic, d.partition, d.\"offset\") = (f.topic, f.partition, f.\"offset\")",
+            &[&topics, &partitions, &offsets, &errors],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(round)
 }
 
 fn coordinates<'a>(rows: &[DeadLetterRow<'a>]) -> (Vec<&'a str>, Vec<i32>, Vec<i64>) {
@@ -193,6 +286,11 @@ pub struct StoredDeadLetter {
     pub reason: String,
     pub first_seen: DateTime<Utc>,
     pub replayed_at: Option<DateTime<Utc>>,
+    /// The dead-letter topic it is to be published to, if one was configured.
+    pub publish_to: Option<String>,
+    pub published_at: Option<DateTime<Utc>>,
+    pub publish_attempts: i32,
+    pub publish_error: Option<String>,
 }
 
 /// Which dead letters to list or replay.
@@ -215,7 +313,8 @@ pub async fn list(
     let rows = client
         .query(
             "SELECT topic, partition, \"offset\", record_key, payload, reason_code, reason, \
-             first_seen, replayed_at FROM dead_letters \
+             first_seen, replayed_at, publish_to, published_at, publish_attempts, publish_error \
+             FROM dead_letters \
              WHERE ($1::text IS NULL OR topic = $1) \
                AND ($2::int IS NULL OR partition = $2) \
                AND ($3::bigint IS NULL OR \"offset\" = $3) \
@@ -244,6 +343,10 @@ pub async fn list(
             reason: row.get(6),
             first_seen: row.get(7),
             replayed_at: row.get(8),
+            publish_to: row.get(9),
+            published_at: row.get(10),
+            publish_attempts: row.get(11),
+            publish_error: row.get(12),
         })
         .collect())
 }

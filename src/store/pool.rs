@@ -64,12 +64,6 @@ pub struct Statements {
 
 impl Statements {
     async fn prepare(client: &Client) -> Result<Self, tokio_postgres::Error> {
-        // Plan each execution for the data as it is then. A generic plan cached while the
-        // tables were small keeps scanning them whole once they hold millions of rows (the
-        // lookup of stored events behind conflict detection did: 20 ms per batch at 200,000).
-        client
-            .batch_execute("SET plan_cache_mode = force_custom_plan")
-            .await?;
         let (
             try_inbox,
             save_history,
@@ -140,8 +134,28 @@ enum Manager {
     Tls(PostgresConnectionManager<MakeTlsConnector>),
 }
 
+/// The session setting every pooled connection starts with.
+///
+/// Plan each execution for the data as it is then: a generic plan cached while the tables
+/// were small keeps scanning them whole once they hold millions of rows (the lookup of stored
+/// events behind conflict detection did: 20 ms per batch at 200,000). It is a startup option
+/// rather than a `SET`: a `SET` issued inside a transaction is undone by its rollback (a first
+/// batch of only duplicates is rolled back), and no code path can lose a startup option.
+pub const PLAN_CACHE_OPTION: &str = "-c plan_cache_mode=force_custom_plan";
+
+/// `config` with [`PLAN_CACHE_OPTION`] added to whatever options the URL already gives.
+pub fn with_plan_cache_option(mut config: tokio_postgres::Config) -> tokio_postgres::Config {
+    let options = match config.get_options() {
+        Some(existing) if !existing.trim().is_empty() => format!("{existing} {PLAN_CACHE_OPTION}"),
+        _ => PLAN_CACHE_OPTION.to_owned(),
+    };
+    config.options(options);
+    config
+}
+
 impl PgManager {
     pub fn new(config: tokio_postgres::Config, tls: PgTls) -> Self {
+        let config = with_plan_cache_option(config);
         let inner = match tls {
             PgTls::Plain => Manager::Plain(PostgresConnectionManager::new(config, NoTls)),
             PgTls::Tls(tls) => Manager::Tls(PostgresConnectionManager::new(config, tls)),

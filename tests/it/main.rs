@@ -6,6 +6,7 @@ mod mock_kafka;
 
 mod bench;
 mod cli;
+mod dead_letter_topic;
 mod end_to_end;
 mod handover;
 mod kafka_errors;
@@ -13,4 +14,7 @@ mod migrations;
 mod offset_reset;
 mod operations;
 mod pipeline;
+mod redelivery;
 mod repository;
+mod store_semantics;
+mod stuck_events;

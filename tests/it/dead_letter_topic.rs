@@ -1,0 +1,303 @@
+//! End to end: a dead-letter topic that refuses every letter never blocks a partition. The
+//! letters are stored (the table is the source of truth), their offsets commit, the failure is
+//! recorded and counted, and the relay publishes them once the topic accepts them.
+
+use std::time::{Duration, Instant};
+
+use history_service::dev::broker::EmbeddedBroker;
+use history_service::dev::group::GroupInspector;
+use history_service::dev::probe::sample;
+use history_service::dev::workload::{PlannedRecord, RecordKind, event_payload};
+use rdkafka::types::RDKafkaRespErr;
+
+use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
+use crate::redelivery::scrape;
+
+const DLQ: &str = "history.dlq";
+
+fn record(n: usize) -> PlannedRecord {
+    if n % 10 == 3 {
+        PlannedRecord {
+            key: b"k".to_vec(),
+            payload: Some(format!("not json {n}").into_bytes()),
+            partition: Some((n % 2) as i32),
+            kind: RecordKind::Poison { reason: "not_json" },
+        }
+    } else {
+        let id = format!("dlq-event-{n}");
+        PlannedRecord {
+            key: b"k".to_vec(),
+            payload: Some(event_payload(
+                &id,
+                "ticket-1",
+                "open",
+                "closed",
+                chrono::Utc::now(),
+            )),
+            partition: Some((n % 2) as i32),
+            kind: RecordKind::Event { event_id: id },
+        }
+    }
+}
+
+/// (published, pending with an error, attempts) over all dead letters.
+async fn publish_state(db: &TestDb) -> (i64, i64, i64) {
+    let row = db
+        .client()
+        .await
+        .query_one(
+            "SELECT count(published_at), \
+                    count(*) FILTER (WHERE published_at IS NULL AND publish_error IS NOT NULL), \
+                    coalesce(sum(publish_attempts), 0) \
+             FROM dead_letters WHERE publish_to = $1",
+            &[&DLQ],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+#[actix_rt::test]
+async fn a_dead_letter_topic_that_refuses_letters_blocks_nothing_and_is_caught_up_later() {
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 2).unwrap();
+    broker.create_topic(DLQ, 1).unwrap();
+    // Every produce to the dead-letter topic is refused, as with a missing ACL.
+    broker
+        .cluster()
+        .topic_error(
+            DLQ,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let brokers = broker.bootstrap_servers();
+    let records: Vec<PlannedRecord> = (0..60).map(record).collect();
+    let poison = records
+        .iter()
+        .filter(|r| matches!(r.kind, RecordKind::Poison { .. }))
+        .count() as i64;
+    let delivered = produce(&brokers, &records).await;
+    let ends: Vec<i64> = (0..2)
+        .map(|p| {
+            delivered
+                .iter()
+                .filter(|d| d.partition == p)
+                .map(|d| d.offset + 1)
+                .max()
+                .unwrap()
+        })
+        .collect();
+
+    let port = free_port();
+    let mut env = service_env(&db.url(), &brokers, "history-dlq-topic", TOPIC);
+    env.push(("HISTORY__DEAD_LETTER__TOPIC".into(), DLQ.into()));
+    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
+    env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
+    let mut service = Child::spawn(&["run"], &env);
+
+    // The partitions commit to their ends although no letter could be published.
+    wait_committed(
+        &brokers,
+        "history-dlq-topic",
+        &ends,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(db.count("dead_letters").await, poison);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (published, failing, attempts) = publish_state(&db).await;
+        assert_eq!(published, 0, "the topic refuses everything");
+        if failing == poison && attempts >= 2 * poison {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "failures not recorded and retried: {failing} failing, {attempts} attempts\n{}",
+            service.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    let error: String = db
+        .client()
+        .await
+        .query_one("SELECT publish_error FROM dead_letters LIMIT 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(error.contains("authoriz"), "{error}");
+    let failures = sample(
+        &scrape(port).await,
+        "history_dead_letter_publish_failures_total",
+    );
+    assert!(failures >= Some(poison as f64), "{failures:?}");
+
+    // The topic accepts letters again: the relay publishes every one of them, once.
+    broker
+        .cluster()
+        .topic_error(DLQ, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while publish_state(&db).await.0 < poison {
+        assert!(
+            Instant::now() < deadline,
+            "not published:\n{}",
+            service.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        publish_state(&db).await.1,
+        0,
+        "errors cleared once published"
+    );
+    let inspector = GroupInspector::new(&brokers, "inspector").unwrap();
+    let published = tokio::task::spawn_blocking(move || {
+        inspector.ends(DLQ, 1, Duration::from_secs(5)).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(published, vec![poison]);
+    service.signal(libc::SIGTERM);
+    assert_eq!(
+        service.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        service.logs()
+    );
+}
+
+fn operator(db: &TestDb, brokers: &str, args: &[&str]) -> (Option<i32>, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+        .args(args)
+        .env("HISTORY__DATABASE__URL", db.url())
+        .env("HISTORY__KAFKA__BROKERS", brokers)
+        .env("HISTORY__DEAD_LETTER__TOPIC", DLQ)
+        .env_remove("HISTORY_CONFIG")
+        .output()
+        .expect("the binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), text)
+}
+
+#[actix_rt::test]
+async fn an_operator_sees_the_publish_state_and_resends_what_is_pending() {
+    use history_service::domain::DecodeError;
+    use history_service::store::dead_letters::{self, DeadLetter, DeadLetterRow};
+
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(DLQ, 1).unwrap();
+    broker
+        .cluster()
+        .topic_error(
+            DLQ,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+        )
+        .unwrap();
+    let brokers = broker.bootstrap_servers();
+    let letter = DeadLetter::new(&DecodeError::NullPayload, Some(b"k".to_vec()), None, None);
+    let rows: Vec<DeadLetterRow<'_>> = (0..3)
+        .map(|offset| DeadLetterRow {
+            topic: TOPIC,
+            partition: 0,
+            offset,
+            letter: &letter,
+        })
+        .collect();
+    let pool = db.pool(1);
+    dead_letters::insert(&pool, &rows).await.unwrap();
+    dead_letters::request_publication(&pool, &rows, DLQ)
+        .await
+        .unwrap();
+
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "publish"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("published 0 dead letters to history.dlq; 3 failed"),
+        "{out}"
+    );
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "list"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        out.matches("not yet published to history.dlq: 1 failed attempts, last error:")
+            .count(),
+        3,
+        "{out}"
+    );
+
+    broker
+        .cluster()
+        .topic_error(DLQ, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+        .unwrap();
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "publish"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("published 3 dead letters to history.dlq; 0 failed"),
+        "{out}"
+    );
+    let (_, out) = operator(&db, &brokers, &["dead-letters", "list"]);
+    assert_eq!(
+        out.matches("published to history.dlq at").count(),
+        3,
+        "{out}"
+    );
+    // Nothing is pending any more: a second run publishes nothing again.
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "publish"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("published 0 dead letters"), "{out}");
+}
+
+#[actix_rt::test]
+async fn letters_the_topic_keeps_refusing_do_not_hold_back_newer_ones() {
+    use history_service::domain::DecodeError;
+    use history_service::store::dead_letters::{self, DeadLetter, DeadLetterRow};
+
+    let db = TestDb::migrated().await;
+    let letter = DeadLetter::new(&DecodeError::NullPayload, None, None, None);
+    let rows: Vec<DeadLetterRow<'_>> = (0..4)
+        .map(|offset| DeadLetterRow {
+            topic: TOPIC,
+            partition: 0,
+            offset,
+            letter: &letter,
+        })
+        .collect();
+    let pool = db.pool(1);
+    dead_letters::insert(&pool, &rows).await.unwrap();
+    dead_letters::request_publication(&pool, &rows, DLQ)
+        .await
+        .unwrap();
+    // Offsets 0 and 1 are refused for good (too large for the topic, say).
+    let refuse = |letters: Vec<dead_letters::PendingLetter>| async move {
+        letters
+            .iter()
+            .map(|l| {
+                if l.offset < 2 {
+                    Err("Message size too large".to_owned())
+                } else {
+                    Ok(())
+                }
+            })
+            .collect()
+    };
+    let first = dead_letters::publish_pending(&pool, DLQ, 2, refuse)
+        .await
+        .unwrap();
+    assert_eq!((first.published, first.failed), (0, 2));
+    let second = dead_letters::publish_pending(&pool, DLQ, 2, refuse)
+        .await
+        .unwrap();
+    assert_eq!(
+        (second.published, second.failed),
+        (2, 0),
+        "the newer letters go before the ones that failed"
+    );
+    let (published, failing, attempts) = publish_state(&db).await;
+    assert_eq!((published, failing, attempts), (2, 2, 2));
+}

@@ -1,0 +1,117 @@
+//! End to end: a byte-identical redelivery is never a conflicting duplicate, whatever the
+//! precision of its timestamp; a real conflict still counts.
+
+use std::time::{Duration, Instant};
+
+use history_service::dev::broker::EmbeddedBroker;
+use history_service::dev::probe::sample;
+use history_service::dev::workload::{PlannedRecord, RecordKind};
+
+use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
+
+/// The service's `/metrics` page, once it answers.
+pub async fn scrape(port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::task::spawn_blocking(move || {
+            history_service::dev::probe::get(port, "/metrics")
+        })
+        .await
+        .unwrap()
+        {
+            Ok((200, body)) => return body,
+            other => assert!(Instant::now() < deadline, "scrape failed: {other:?}"),
+        }
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn raw_event(event_id: &str, to_status: &str, changed_at: &str) -> PlannedRecord {
+    let payload = format!(
+        r#"{{"event_id":"{event_id}","ticket_id":"ticket-7","from_status":"open","to_status":"{to_status}","changed_at":"{changed_at}"}}"#
+    );
+    PlannedRecord {
+        key: b"ticket-7".to_vec(),
+        payload: Some(payload.into_bytes()),
+        partition: None,
+        kind: RecordKind::Event {
+            event_id: event_id.to_owned(),
+        },
+    }
+}
+
+#[actix_rt::test]
+async fn identical_redeliveries_with_nanoseconds_or_a_leap_second_are_no_conflict() {
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 1).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let nano = raw_event(
+        "redeliver-nano",
+        "resolved",
+        "2026-10-03T08:00:00.123456789Z",
+    );
+    let leap = raw_event("redeliver-leap", "resolved", "2026-12-31T23:59:60Z");
+    let leap_offset = raw_event(
+        "redeliver-leap-tz",
+        "resolved",
+        "2026-12-31T20:59:60.5-03:00",
+    );
+    let conflict = raw_event("redeliver-conflict", "resolved", "2026-10-03T08:00:00Z");
+    let conflicting = raw_event("redeliver-conflict", "closed", "2026-10-03T08:00:00Z");
+    let records = [
+        nano.clone(),
+        leap.clone(),
+        leap_offset.clone(),
+        conflict,
+        nano,
+        leap,
+        leap_offset,
+        conflicting,
+    ];
+    let delivered = produce(&brokers, &records).await;
+    let end = delivered.iter().map(|d| d.offset + 1).max().unwrap();
+
+    let port = free_port();
+    let mut env = service_env(&db.url(), &brokers, "history-redelivery", TOPIC);
+    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
+    env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
+    let mut service = Child::spawn(&["run"], &env);
+    wait_committed(
+        &brokers,
+        "history-redelivery",
+        &[end],
+        Duration::from_secs(30),
+    )
+    .await;
+
+    let metrics = scrape(port).await;
+    assert_eq!(db.count("history_events").await, 4);
+    assert_eq!(
+        sample(
+            &metrics,
+            "history_events_total{outcome=\"already_applied\"}"
+        ),
+        Some(4.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "history_conflicting_duplicates_total"),
+        Some(1.0),
+        "only the real conflict counts: {metrics}\n{}",
+        service.logs()
+    );
+    service.signal(libc::SIGTERM);
+    assert_eq!(service.wait(Duration::from_secs(30)), Some(0));
+    let logs = service.logs();
+    // Other warnings (the broker's, at shutdown) are not this test's business; these are.
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("redeliver-"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+    assert!(
+        warnings[0].contains("conflicting duplicate") && warnings[0].contains("redeliver-conflict"),
+        "{logs}"
+    );
+}

@@ -1,0 +1,258 @@
+//! End to end: one event the database rejects holds back only its own partition, at its
+//! offset, visibly; the others reach their ends. Fixing the database lets it through.
+
+use std::time::{Duration, Instant};
+
+use history_service::dev::broker::EmbeddedBroker;
+use history_service::dev::workload::{PlannedRecord, RecordKind, event_payload};
+
+use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
+use crate::redelivery::scrape;
+
+const PARTITIONS: i32 = 4;
+const PER_PARTITION: i64 = 60;
+/// Where the poison-for-the-database event goes.
+const STUCK_PARTITION: i32 = 2;
+
+fn planned(event_id: &str, ticket_id: &str, partition: i32) -> PlannedRecord {
+    PlannedRecord {
+        key: ticket_id.as_bytes().to_vec(),
+        payload: Some(event_payload(
+            event_id,
+            ticket_id,
+            "open",
+            "closed",
+            chrono::Utc::now(),
+        )),
+        partition: Some(partition),
+        kind: RecordKind::Event {
+            event_id: event_id.to_owned(),
+        },
+    }
+}
+
+/// The `history_stuck_event` series naming this event, and its value.
+fn stuck_series<'a>(metrics: &'a str, event_id: &str) -> Vec<(&'a str, f64)> {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("history_stuck_event{")
+                && line.contains(&format!("event_id=\"{event_id}\""))
+        })
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series, value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[actix_rt::test]
+async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() {
+    let db = TestDb::migrated().await;
+    db.client()
+        .await
+        .batch_execute(
+            "ALTER TABLE history_events ADD CONSTRAINT no_poison \
+             CHECK (ticket_id <> 'ticket-poison')",
+        )
+        .await
+        .unwrap();
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, PARTITIONS).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let mut records = Vec::new();
+    for n in 0..PER_PARTITION {
+        for partition in 0..PARTITIONS {
+            records.push(planned(
+                &format!("good-{partition}-{n}"),
+                &format!("ticket-{n}"),
+                partition,
+            ));
+            if partition == STUCK_PARTITION && n == PER_PARTITION / 2 {
+                records.push(planned("the-poison", "ticket-poison", partition));
+            }
+        }
+    }
+    let delivered = produce(&brokers, &records).await;
+    let poison = delivered
+        .iter()
+        .zip(&records)
+        .find(
+            |(_, r)| matches!(&r.kind, RecordKind::Event { event_id } if event_id == "the-poison"),
+        )
+        .map(|(d, _)| *d)
+        .unwrap();
+    assert_eq!(poison.partition, STUCK_PARTITION);
+    let ends: Vec<i64> = (0..PARTITIONS)
+        .map(|p| {
+            delivered
+                .iter()
+                .filter(|d| d.partition == p)
+                .map(|d| d.offset + 1)
+                .max()
+                .unwrap()
+        })
+        .collect();
+    let mut held = ends.clone();
+    held[STUCK_PARTITION as usize] = poison.offset;
+
+    let port = free_port();
+    let mut env = service_env(&db.url(), &brokers, "history-stuck", TOPIC);
+    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
+    env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
+    // Bigger batches than a partition's share, so the poison shares batches with the others.
+    env.push(("HISTORY__PIPELINE__BATCH_LINGER_MS".into(), "20".into()));
+    let mut service = Child::spawn(&["run"], &env);
+
+    // Every other partition reaches its end; the stuck one stops exactly at the poison.
+    wait_committed(&brokers, "history-stuck", &held, Duration::from_secs(30)).await;
+    let good = PARTITIONS as i64 * PER_PARTITION;
+    assert_eq!(
+        db.count("history_events").await,
+        good,
+        "every good event written"
+    );
+
+    let metrics = scrape(port).await;
+    let series = stuck_series(&metrics, "the-poison");
+    assert_eq!(series.len(), 1, "{metrics}");
+    let (labels, value) = series[0];
+    assert_eq!(value, 1.0);
+    for label in [
+        format!("topic=\"{TOPIC}\""),
+        format!("partition=\"{STUCK_PARTITION}\""),
+        format!("offset=\"{}\"", poison.offset),
+        "sqlstate=\"23514\"".to_owned(),
+    ] {
+        assert!(labels.contains(&label), "{label} in {labels}");
+    }
+    let logs = service.logs();
+    let named: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("the database rejects this event"))
+        .collect();
+    assert_eq!(named.len(), 1, "one line names it:\n{logs}");
+    for part in [
+        format!("partition={TOPIC}[{STUCK_PARTITION}]"),
+        format!("offset={}", poison.offset),
+        "event_id=the-poison".to_owned(),
+        "sqlstate=23514".to_owned(),
+        "no_poison".to_owned(),
+    ] {
+        assert!(named[0].contains(&part), "{part} in {}", named[0]);
+    }
+
+    // Still held a while later: the outcome stays unknown, never resolved by giving up.
+    actix_rt::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        wait_committed(&brokers, "history-stuck", &held, Duration::from_secs(5)).await,
+        held.iter().map(|&o| Some(o)).collect::<Vec<_>>()
+    );
+
+    db.client()
+        .await
+        .batch_execute("ALTER TABLE history_events DROP CONSTRAINT no_poison")
+        .await
+        .unwrap();
+    wait_committed(&brokers, "history-stuck", &ends, Duration::from_secs(30)).await;
+    assert_eq!(db.count("history_events").await, good + 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = scrape(port).await;
+        if stuck_series(&metrics, "the-poison") == [(labels, 0.0)] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "gauge not cleared: {metrics}");
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    service.signal(libc::SIGTERM);
+    assert_eq!(
+        service.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        service.logs()
+    );
+}
+
+mod pipeline_level {
+    use std::time::{Duration, Instant};
+
+    use history_service::actors::Pipeline;
+    use history_service::actors::messages::{Record, TopicPartition};
+    use history_service::dev::workload::event_payload;
+    use history_service::metrics::Stats;
+
+    use crate::common::{TestDb, test_settings};
+    use crate::mock_kafka::{Harness, RevokePartition};
+
+    fn records(offsets: std::ops::Range<i64>) -> Vec<Record> {
+        offsets
+            .map(|n| Record {
+                offset: n,
+                key: Some(b"k".to_vec()),
+                payload: Some(event_payload(
+                    &format!("evt-{n}"),
+                    "ticket-1",
+                    "open",
+                    "closed",
+                    chrono::Utc::now(),
+                )),
+                timestamp_ms: None,
+            })
+            .collect()
+    }
+
+    async fn wait_position(harness: &Harness, position: i64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let windows = harness.windows().await;
+            if windows.first().and_then(|w| w.position) == Some(position) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{windows:?}");
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_stuck_event_of_a_revoked_partition_is_left_to_its_next_owner() {
+        let db = TestDb::migrated().await;
+        db.client()
+            .await
+            .batch_execute(
+                "ALTER TABLE history_events ADD CONSTRAINT stuck CHECK (event_id <> 'evt-3')",
+            )
+            .await
+            .unwrap();
+        let mut settings =
+            test_settings("postgres://unused@127.0.0.1/unused", "x:9092", "g", "t").pipeline;
+        settings.commit_interval_ms = 3_600_000;
+        let harness = Harness::start(Pipeline::start(&settings, db.pool(8), Stats::new()));
+        let tp = TopicPartition::new("t", 0);
+        harness.assign(&tp, 1).await;
+        harness.inject(&tp, records(0..10)).await;
+        wait_position(&harness, 3).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while db.count("history_events").await < 9 {
+            assert!(Instant::now() < deadline, "the good events are not written");
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let positions = harness
+            .kafka
+            .send(RevokePartition(tp.clone(), Duration::from_millis(200)))
+            .await
+            .unwrap();
+        assert_eq!(positions[0].offset, 3, "handed over at the stuck offset");
+        db.client()
+            .await
+            .batch_execute("ALTER TABLE history_events DROP CONSTRAINT stuck")
+            .await
+            .unwrap();
+        // Well past the longest retry delay: the parked event saw its partition was revoked and
+        // stopped; writing it is the next owner's work.
+        actix_rt::time::sleep(settings.retry_max() * 3).await;
+        assert_eq!(db.count("history_events").await, 9);
+        harness.stop();
+    }
+}
