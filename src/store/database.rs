@@ -100,6 +100,6 @@ impl Database {
 
 async fn drive<T: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: T) {
     if let Err(err) = connection.await {
-        tracing::debug!(error = %err, "database connection closed");
+        tracing::debug!(error = %super::error::describe(&err), "database connection closed");
     }
 }

@@ -5,29 +5,7 @@ use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::database::PgTls;
-
-/// Any failure talking to the History database.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// No connection within the pool's timeout: the database is down or unreachable.
-    #[error("no database connection available: {0}")]
-    Unavailable(String),
-    #[error("database error: {0}")]
-    Db(#[from] tokio_postgres::Error),
-    #[error("migration failed: {0}")]
-    Migration(String),
-}
-
-impl From<bb8::RunError<tokio_postgres::Error>> for StoreError {
-    fn from(err: bb8::RunError<tokio_postgres::Error>) -> Self {
-        match err {
-            bb8::RunError::User(err) => StoreError::Db(err),
-            bb8::RunError::TimedOut => {
-                StoreError::Unavailable("timed out waiting for a connection".to_owned())
-            }
-        }
-    }
-}
+pub use super::error::StoreError;
 
 pub type PgPool = bb8::Pool<PgManager>;
 
