@@ -25,7 +25,7 @@ pub struct DeadLetterPublisher {
 
 impl DeadLetterPublisher {
     pub fn new(settings: &KafkaSettings, topic: &str) -> Result<Self, super::KafkaSetupError> {
-        let producer = super::producer_config(settings)?.create()?;
+        let producer = super::create_producer(settings)?;
         Ok(DeadLetterPublisher {
             producer,
             topic: topic.to_owned(),
