@@ -164,6 +164,7 @@ impl DbWriter {
         }
         match result.failed {
             None => {
+                self.stats.writes.succeeded();
                 if self.attempt > 0 {
                     info!(
                         writer = self.id,
@@ -177,6 +178,7 @@ impl DbWriter {
                 self.schedule(ctx);
             }
             Some((jobs, error)) => {
+                self.stats.writes.failed(&error);
                 self.stats
                     .outcomes(OutcomeClass::Unknown, jobs.len() as u64);
                 self.stats.retry();
