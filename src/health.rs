@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::metrics::{self, Stats};
-use crate::store::{Database, PgPool};
+use crate::store::{Database, PgPool, StoreError};
 
 /// How the writes have been going: every batch reports its success or failure here. Cheap on
 /// the hot path: a success while nothing is failing is one atomic load.
@@ -145,17 +145,19 @@ impl Readiness {
             return Some(reason);
         }
         let probe = async {
-            let conn = pool.get().await.ok()?;
-            conn.client.simple_query("SELECT 1").await.ok()
+            let conn = pool.get().await?;
+            conn.client.simple_query("SELECT 1").await?;
+            Ok::<_, StoreError>(())
         };
-        if let Ok(Some(_)) = tokio::time::timeout(PROBE_TIMEOUT, probe).await {
-            return None;
-        }
-        // The pool only says it timed out; a connection of our own tells why.
-        let why = match tokio::time::timeout(PROBE_TIMEOUT, database.connect()).await {
+        let why = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            Ok(Ok(())) => return None,
             Ok(Err(err)) => err.to_string(),
-            Ok(Ok(_)) => "no pooled connection answered in time".to_owned(),
-            Err(_) => format!("no answer within {}s", PROBE_TIMEOUT.as_secs()),
+            // The pool is still trying; a connection of our own tells why it does not succeed.
+            Err(_) => match tokio::time::timeout(PROBE_TIMEOUT, database.connect()).await {
+                Ok(Err(err)) => err.to_string(),
+                Ok(Ok(_)) => "no pooled connection answered in time".to_owned(),
+                Err(_) => format!("no answer within {}s", PROBE_TIMEOUT.as_secs()),
+            },
         };
         Some(format!("the database does not answer: {why}"))
     }

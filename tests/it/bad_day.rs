@@ -349,6 +349,43 @@ async fn while_the_database_is_missing_healthz_answers_readyz_says_why_and_sigte
 }
 
 #[actix_rt::test]
+async fn without_migrations_the_writers_retries_name_the_missing_database() {
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 1).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let records = workload::generate(&WorkloadSpec {
+        records: 5,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 1,
+        id_prefix: "missing".into(),
+        tickets: 2,
+        max_payload_bytes: 65536,
+        seed: 5,
+    });
+    produce(&brokers, &records).await;
+    let missing = format!("history_missing_{:x}", rand::random::<u64>());
+    let url = format!(
+        "{}/{missing}",
+        crate::common::base_url().trim_end_matches('/')
+    );
+    let mut env = service_env(&url, &brokers, "history-missing-writes", TOPIC);
+    env.extend(
+        [
+            ("HISTORY__DATABASE__MIGRATE_ON_START", "false"),
+            ("HISTORY__DATABASE__CONNECT_TIMEOUT_MS", "500"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let service = Child::spawn(&["run"], &env);
+    wait_for_log(
+        &service,
+        &["write failed", "3D000", "does not exist"],
+        Duration::from_secs(30),
+    );
+}
+
+#[actix_rt::test]
 async fn readyz_turns_503_while_every_write_fails_and_back_once_they_succeed() {
     let db = TestDb::migrated().await;
     let broker = EmbeddedBroker::start(1).unwrap();
