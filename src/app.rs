@@ -101,8 +101,8 @@ pub async fn run_with(
         kafka_arbiter,
     } = match started {
         Ok(Some(started)) => started,
-        // A start-up error or a shutdown before the service ran: stop serving inside the
-        // runtime (what outlives it is dropped without one, and actix panics then).
+        // A start-up error, or a shutdown before the service ran: stop serving before the
+        // caller's runtime ends.
         outcome => {
             if let Some(server) = http {
                 server.stop(true).await;
@@ -161,6 +161,7 @@ async fn start(
         }
     }
 
+    readiness.starting("starting the pipeline and the Kafka consumer");
     let pool = database.pool(
         settings.database.pool_size,
         settings.database.connect_timeout(),
