@@ -94,8 +94,10 @@ enum Phase {
     },
 }
 
-/// How long a readiness probe of the database may take.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the readiness query may take, then how long the connection attempt that finds out
+/// why: together under a Kubernetes probe's 3 s time-out.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(1500);
+const WHY_TIMEOUT: Duration = Duration::from_millis(1000);
 
 impl Readiness {
     pub fn new(stats: Arc<Stats>, unready_after_failing: Duration) -> Self {
@@ -153,10 +155,13 @@ impl Readiness {
             Ok(Ok(())) => return None,
             Ok(Err(err)) => err.to_string(),
             // The pool is still trying; a connection of our own tells why it does not succeed.
-            Err(_) => match tokio::time::timeout(PROBE_TIMEOUT, database.connect()).await {
+            Err(_) => match tokio::time::timeout(WHY_TIMEOUT, database.connect()).await {
                 Ok(Err(err)) => err.to_string(),
                 Ok(Ok(_)) => "no pooled connection answered in time".to_owned(),
-                Err(_) => format!("no answer within {}s", PROBE_TIMEOUT.as_secs()),
+                Err(_) => format!(
+                    "no answer within {} ms",
+                    (PROBE_TIMEOUT + WHY_TIMEOUT).as_millis()
+                ),
             },
         };
         Some(format!("the database does not answer: {why}"))
