@@ -500,3 +500,22 @@ async fn a_dropped_table_is_reported_with_its_sqlstate_and_message() {
         "{text}"
     );
 }
+
+#[actix_rt::test]
+async fn verify_names_the_servers_reason_once() {
+    let db = TestDb::migrated().await;
+    db.client()
+        .await
+        .batch_execute("DROP TABLE history_events")
+        .await
+        .unwrap();
+    let url = db.url();
+    let output = run_to_end(&["verify"], &[("HISTORY__DATABASE__URL", &url)]);
+    let text = text_of(&output);
+    assert_eq!(output.status.code(), Some(2), "{text}");
+    assert_eq!(text.matches("42P01").count(), 1, "{text}");
+    assert!(
+        text.contains("relation \"history_events\" does not exist"),
+        "{text}"
+    );
+}
