@@ -514,8 +514,10 @@ async fn verify_names_the_servers_reason_once() {
     let text = text_of(&output);
     assert_eq!(output.status.code(), Some(2), "{text}");
     assert_eq!(text.matches("42P01").count(), 1, "{text}");
-    assert!(
-        text.contains("relation \"history_events\" does not exist"),
+    assert_eq!(
+        text.matches("relation \"history_events\" does not exist")
+            .count(),
+        1,
         "{text}"
     );
 }
