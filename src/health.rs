@@ -27,6 +27,15 @@ struct FailingStreak {
 }
 
 impl WriteHealth {
+    /// What a batch came to: whether anything of it was resolved, and its error if some of it
+    /// failed. A batch that resolved anything shows the database takes writes.
+    pub fn batch(&self, resolved_any: bool, error: Option<&impl Display>) {
+        match error {
+            Some(error) if !resolved_any => self.failed(error),
+            _ => self.succeeded(),
+        }
+    }
+
     /// A batch was written: any failing streak is over.
     pub fn succeeded(&self) {
         if self.failing.load(Ordering::Relaxed) {
@@ -203,6 +212,22 @@ mod tests {
             .unwrap();
         assert!(reason.contains("42P01: no such table"), "{reason}");
         assert!(reason.contains("31s"), "{reason}");
+    }
+
+    #[test]
+    fn a_batch_that_resolved_anything_counts_as_a_success() {
+        let health = WriteHealth::default();
+        let start = Instant::now();
+        health.failed_at(start, &"down");
+        health.batch(true, Some(&"one event rejected"));
+        assert_eq!(health.unready_reason(Instant::now() + LIMIT, LIMIT), None);
+        health.batch(false, Some(&"every event rejected"));
+        let reason = health
+            .unready_reason(Instant::now() + LIMIT, LIMIT)
+            .unwrap();
+        assert!(reason.contains("every event rejected"), "{reason}");
+        health.batch(false, None::<&String>);
+        assert_eq!(health.unready_reason(Instant::now() + LIMIT, LIMIT), None);
     }
 
     #[test]

@@ -131,6 +131,10 @@ impl DbWriter {
     }
 
     fn finish(&mut self, result: BatchResult, ctx: &mut Context<Self>) {
+        self.stats.writes.batch(
+            !result.resolved.is_empty(),
+            result.failed.as_ref().map(|f| &f.1),
+        );
         self.stats.transaction(
             result.elapsed,
             result.resolved.len() + result.failed.as_ref().map_or(0, |f| f.0.len()),
@@ -164,7 +168,6 @@ impl DbWriter {
         }
         match result.failed {
             None => {
-                self.stats.writes.succeeded();
                 if self.attempt > 0 {
                     info!(
                         writer = self.id,
@@ -178,7 +181,6 @@ impl DbWriter {
                 self.schedule(ctx);
             }
             Some((jobs, error)) => {
-                self.stats.writes.failed(&error);
                 self.stats
                     .outcomes(OutcomeClass::Unknown, jobs.len() as u64);
                 self.stats.retry();
