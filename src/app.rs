@@ -6,7 +6,6 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -16,7 +15,8 @@ use crate::actors::Pipeline;
 use crate::actors::messages::CommitOutcome;
 use crate::actors::supervisor::{CloseConsumer, CommitFinal, KafkaSupervisor, StopFetching};
 use crate::config::{ConfigError, Settings};
-use crate::http::{self, Health};
+use crate::health::Readiness;
+use crate::http;
 use crate::kafka::context::CommitterLink;
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::kafka::{self, SupervisorContext};
@@ -33,7 +33,7 @@ pub enum ServiceError {
     Producer(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("cannot serve http on {addr}: {source}")]
+    #[error("cannot serve http on {addr}")]
     Http {
         addr: SocketAddr,
         source: std::io::Error,
@@ -101,71 +101,41 @@ pub async fn run_with(
         writers = settings.pipeline.writers,
         "history-service starting"
     );
-
-    if settings.database.migrate_on_start {
-        let migrated = tokio::select! {
-            result = migrate_until_done(&database, settings) => Some(result),
-            _ = &mut shutdown => None,
-        };
-        match migrated {
-            Some(result) => result?,
-            None => {
-                return Ok(RunReport {
-                    stats: StatsSnapshot::default(),
-                    left: Leftover::default(),
-                });
-            }
-        }
-    }
-
-    let pool = database.pool(
-        settings.database.pool_size,
-        settings.database.connect_timeout(),
-    );
     let stats = Stats::new();
     let _ = handles.stats.set(stats.clone());
-    let publisher = if settings.dead_letter.topic.is_empty() {
-        None
-    } else {
-        let publisher = DeadLetterPublisher::new(&settings.kafka, &settings.dead_letter.topic)?;
-        info!(topic = %settings.dead_letter.topic, "dead letters are also published to a topic");
-        Some(Arc::new(publisher))
-    };
-    let pipeline = Pipeline::start_with(&settings.pipeline, pool.clone(), stats.clone(), publisher);
-    let joined = Arc::new(AtomicBool::new(false));
-    let context = SupervisorContext::new(
-        CommitterLink {
-            revoke: pipeline.committer().clone().recipient(),
-            lost: pipeline.committer().clone().recipient(),
-        },
-        settings.kafka.revoke_timeout(),
-        stats.clone(),
-        joined.clone(),
-    )
-    .with_error_log_interval(settings.kafka.error_log_interval());
-    let consumer = kafka::subscribe(&settings.kafka, context)?;
-    let kafka_arbiter = Arbiter::new();
-    let supervisor = {
-        let pipeline = pipeline.clone();
-        KafkaSupervisor::start_in_arbiter(&kafka_arbiter.handle(), move |_| {
-            KafkaSupervisor::new(consumer, pipeline)
-        })
-    };
-    pipeline.attach_kafka(supervisor.clone().recipient());
+    let readiness = Readiness::new(stats.clone(), settings.pipeline.unready_after_failing());
 
+    // Served from the first moment: probes see a live process (and why it is not ready yet)
+    // while it migrates or waits for the database.
     let http = if settings.http.enabled {
         let addr = settings.http.listen_addr()?;
-        let health = Health {
-            joined,
-            pool: pool.clone(),
-        };
-        let (server, bound) =
-            http::serve(addr, health).map_err(|source| ServiceError::Http { addr, source })?;
+        let (server, bound) = http::serve(addr, readiness.clone())
+            .map_err(|source| ServiceError::Http { addr, source })?;
         info!(%bound, "serving /metrics, /healthz and /readyz");
         let _ = handles.http_addr.set(bound);
         Some(server)
     } else {
         None
+    };
+
+    let started = start(settings, &database, &stats, &readiness, shutdown.as_mut()).await;
+    let Started {
+        pipeline,
+        supervisor,
+        kafka_arbiter,
+    } = match started {
+        Ok(Some(started)) => started,
+        // A start-up error, or a shutdown before the service ran: stop serving before the
+        // caller's runtime ends.
+        outcome => {
+            if let Some(server) = http {
+                server.stop(true).await;
+            }
+            return outcome.map(|_| RunReport {
+                stats: stats.snapshot(),
+                left: Leftover::default(),
+            });
+        }
     };
 
     shutdown.await;
@@ -224,10 +194,88 @@ pub async fn run_with(
     Ok(RunReport { stats, left })
 }
 
+/// What runs once the service has started.
+struct Started {
+    pipeline: Pipeline,
+    supervisor: Addr<KafkaSupervisor>,
+    kafka_arbiter: Arbiter,
+}
+
+/// Migrations, the pool, the pipeline and the consumer. `None` if shutdown came first. Every
+/// step that can fail runs before the actors start, or stops them again before returning its
+/// error: an actor left to the runtime's teardown is first polled without a runtime, and panics.
+async fn start(
+    settings: &Settings,
+    database: &Database,
+    stats: &Arc<Stats>,
+    readiness: &Readiness,
+    mut shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<Started>, ServiceError> {
+    if settings.database.migrate_on_start {
+        readiness.starting("migrations not applied yet");
+        tokio::select! {
+            result = migrate_until_done(database, settings, readiness) => result?,
+            _ = &mut shutdown => return Ok(None),
+        }
+    }
+
+    readiness.starting("starting the pipeline and the Kafka consumer");
+    let pool = database.pool(
+        settings.database.pool_size,
+        settings.database.connect_timeout(),
+    );
+    let publisher = if settings.dead_letter.topic.is_empty() {
+        None
+    } else {
+        let publisher = DeadLetterPublisher::new(&settings.kafka, &settings.dead_letter.topic)?;
+        info!(topic = %settings.dead_letter.topic, "dead letters are also published to a topic");
+        Some(Arc::new(publisher))
+    };
+    let pipeline = Pipeline::start_with(&settings.pipeline, pool.clone(), stats.clone(), publisher);
+    let context = SupervisorContext::new(
+        CommitterLink {
+            revoke: pipeline.committer().clone().recipient(),
+            lost: pipeline.committer().clone().recipient(),
+        },
+        settings.kafka.revoke_timeout(),
+        stats.clone(),
+        readiness.joined(),
+    )
+    .with_error_log_interval(settings.kafka.error_log_interval());
+    let consumer = match kafka::subscribe(&settings.kafka, context) {
+        Ok(consumer) => consumer,
+        Err(err) => {
+            // The round trip makes sure the committer has started (and stops it taking work);
+            // then the writers' threads end.
+            let _ = pipeline.drain(Duration::ZERO).await;
+            pipeline.stop();
+            return Err(err.into());
+        }
+    };
+    let kafka_arbiter = Arbiter::new();
+    let supervisor = {
+        let pipeline = pipeline.clone();
+        KafkaSupervisor::start_in_arbiter(&kafka_arbiter.handle(), move |_| {
+            KafkaSupervisor::new(consumer, pipeline)
+        })
+    };
+    pipeline.attach_kafka(supervisor.clone().recipient());
+    readiness.running(pool, database.clone());
+    Ok(Some(Started {
+        pipeline,
+        supervisor,
+        kafka_arbiter,
+    }))
+}
+
 /// Applies migrations, retrying while the database does not answer (it may start after us, or
 /// restart under us). A migration the database itself rejects is retried a few times, then
 /// stops the service: it will not go away by waiting.
-async fn migrate_until_done(database: &Database, settings: &Settings) -> Result<(), ServiceError> {
+async fn migrate_until_done(
+    database: &Database,
+    settings: &Settings,
+    readiness: &Readiness,
+) -> Result<(), ServiceError> {
     const REJECTIONS_TOLERATED: u32 = 3;
     let mut delay = settings.pipeline.retry_initial();
     let mut rejections = 0;
@@ -245,6 +293,11 @@ async fn migrate_until_done(database: &Database, settings: &Settings) -> Result<
             if rejections > REJECTIONS_TOLERATED {
                 return Err(err.into());
             }
+            readiness.starting(format!("migrations not applied: {err}"));
+        } else {
+            readiness.starting(format!(
+                "migrations not applied: the database does not answer: {err}"
+            ));
         }
         warn!(
             error = %err,

@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::Settings;
+use crate::domain::DecodeError;
 use crate::store::dead_letters::{self, DeadLetterFilter};
 use crate::store::{Database, migrate, verify};
 
@@ -101,7 +102,12 @@ pub struct DeadLetterSelection {
     #[arg(long)]
     pub offset: Option<i64>,
     /// Only letters with this reason code (not_json, missing_field, bad_timestamp, ...).
-    #[arg(long, value_name = "CODE")]
+    #[arg(
+        long,
+        value_name = "CODE",
+        value_parser = clap::builder::PossibleValuesParser::new(DecodeError::CODES),
+        hide_possible_values = true
+    )]
     pub reason: Option<String>,
     /// Include letters already replayed.
     #[arg(long)]
@@ -542,5 +548,67 @@ fn print_offenders(title: &str, ids: &[String], total: i64) {
     }
     if total > ids.len() as i64 {
         println!("  ... and {} more", total - ids.len() as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Field;
+
+    #[test]
+    fn every_decode_error_code_is_a_valid_reason_and_no_other() {
+        let field = Field::EventId;
+        let errors = [
+            DecodeError::NullPayload,
+            DecodeError::TooLarge { size: 2, limit: 1 },
+            DecodeError::NotUtf8 { detail: "x".into() },
+            DecodeError::NotJson { detail: "x".into() },
+            DecodeError::NotObject { found: "an array" },
+            DecodeError::MissingField { field },
+            DecodeError::DuplicateField { field },
+            DecodeError::WrongType {
+                field,
+                found: "a number",
+            },
+            DecodeError::EmptyField { field },
+            DecodeError::TooLong {
+                field,
+                chars: 2,
+                limit: 1,
+            },
+            DecodeError::ControlCharacter { field },
+            DecodeError::BadTimestamp { detail: "x".into() },
+        ];
+        let mut codes: Vec<&str> = errors.iter().map(DecodeError::code).collect();
+        let mut listed = DecodeError::CODES.to_vec();
+        codes.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(codes, listed);
+    }
+
+    #[test]
+    fn an_unknown_reason_code_is_refused_listing_the_valid_ones() {
+        let err = Cli::try_parse_from([
+            "history-service",
+            "dead-letters",
+            "list",
+            "--reason",
+            "nosuch",
+        ])
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("nosuch"), "{text}");
+        for code in DecodeError::CODES {
+            assert!(text.contains(code), "{code} not listed in: {text}");
+        }
+        let parsed = Cli::try_parse_from([
+            "history-service",
+            "dead-letters",
+            "replay",
+            "--reason",
+            "too_large",
+        ]);
+        assert!(parsed.is_ok(), "{parsed:?}");
     }
 }

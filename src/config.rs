@@ -26,6 +26,10 @@ pub enum ConfigError {
     Load(String),
     #[error("invalid configuration key `{key}`: {reason}")]
     Invalid { key: &'static str, reason: String },
+    /// A pass-through librdkafka property, named as configured
+    /// (`kafka.properties.sasl.password`); the reason never carries its value.
+    #[error("invalid configuration key `{key}`: {reason}")]
+    InvalidProperty { key: String, reason: String },
 }
 
 impl ConfigError {
@@ -102,6 +106,8 @@ pub struct PipelineSettings {
     pub retry_max_ms: u64,
     pub shutdown_timeout_ms: u64,
     pub max_payload_bytes: usize,
+    /// How long every write may keep failing before `/readyz` says the service is not ready.
+    pub unready_after_failing_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -141,6 +147,12 @@ impl Settings {
             config::FileFormat::Toml,
         ));
         if let Some(path) = file {
+            if path.is_dir() {
+                return Err(ConfigError::Load(format!(
+                    "configuration file {} is a directory",
+                    path.display()
+                )));
+            }
             if !path.is_file() {
                 return Err(ConfigError::Load(format!(
                     "configuration file {} does not exist",
@@ -192,16 +204,7 @@ impl Settings {
         )?;
 
         let kafka = &self.kafka;
-        if kafka
-            .brokers
-            .split(',')
-            .all(|broker| broker.trim().is_empty())
-        {
-            return Err(ConfigError::invalid(
-                "kafka.brokers",
-                "must name at least one broker",
-            ));
-        }
+        validate_brokers(&kafka.brokers)?;
         if kafka.group_id.trim().is_empty() {
             return Err(ConfigError::invalid("kafka.group_id", "must not be empty"));
         }
@@ -216,7 +219,7 @@ impl Settings {
         positive("kafka.fetch_queue_kbytes", kafka.fetch_queue_kbytes)?;
         positive("kafka.fetch_queue_messages", kafka.fetch_queue_messages)?;
         positive("kafka.error_log_interval_ms", kafka.error_log_interval_ms)?;
-        kafka.librdkafka_properties()?;
+        kafka.validate_properties()?;
 
         let pipeline = &self.pipeline;
         in_range("pipeline.writers", pipeline.writers, 1, 256)?;
@@ -245,6 +248,10 @@ impl Settings {
             pipeline.max_payload_bytes,
             64,
             64 << 20,
+        )?;
+        positive(
+            "pipeline.unready_after_failing_ms",
+            pipeline.unready_after_failing_ms,
         )?;
 
         self.http.listen_addr()?;
@@ -276,6 +283,61 @@ fn in_range(key: &'static str, value: usize, min: usize, max: usize) -> Result<(
             key,
             format!("{value} is out of range {min}..={max}"),
         ));
+    }
+    Ok(())
+}
+
+/// `host:port` entries separated by commas, as librdkafka's `bootstrap.servers` takes them
+/// (an IPv6 address in brackets: `[::1]:9092`). librdkafka itself accepts nonsense here and
+/// then retries it forever, so it is checked before it gets there.
+fn validate_brokers(brokers: &str) -> Result<(), ConfigError> {
+    let invalid = |reason: String| ConfigError::invalid("kafka.brokers", reason);
+    let entries: Vec<&str> = brokers.split(',').map(str::trim).collect();
+    if entries.iter().all(|entry| entry.is_empty()) {
+        return Err(invalid("must name at least one broker".to_owned()));
+    }
+    for (index, entry) in entries.iter().enumerate() {
+        let position = index + 1;
+        if entry.is_empty() {
+            return Err(invalid(format!("entry {position} is empty")));
+        }
+        // librdkafka accepts an optional scheme prefix (`PLAINTEXT://host:port`).
+        let address = entry.split_once("://").map_or(*entry, |(_, rest)| rest);
+        let (host, port) = if let Some(bracketed) = address.strip_prefix('[') {
+            let Some((host, rest)) = bracketed.split_once(']') else {
+                return Err(invalid(format!(
+                    "entry {position} `{entry}`: an IPv6 address needs its closing `]`"
+                )));
+            };
+            (host, rest.strip_prefix(':'))
+        } else {
+            match address.rsplit_once(':') {
+                Some((host, _)) if host.contains(':') => {
+                    return Err(invalid(format!(
+                        "entry {position} `{entry}`: write an IPv6 address in brackets, e.g. \
+                         [::1]:9092"
+                    )));
+                }
+                Some((host, port)) => (host, Some(port)),
+                None => (address, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(invalid(format!("entry {position} `{entry}` has no host")));
+        }
+        match port {
+            None => {
+                return Err(invalid(format!(
+                    "entry {position} `{entry}` has no port: expected HOST:PORT"
+                )));
+            }
+            Some(port) if port.parse::<u16>().map_or(true, |port| port == 0) => {
+                return Err(invalid(format!(
+                    "entry {position} `{entry}`: the port must be a number from 1 to 65535"
+                )));
+            }
+            Some(_) => {}
+        }
     }
     Ok(())
 }
@@ -369,6 +431,38 @@ impl KafkaSettings {
         Ok(properties)
     }
 
+    /// Checks each pass-through property on its own against librdkafka, so a misspelled name or
+    /// a rejected value stops the service at start-up naming the key — in a message built here,
+    /// since librdkafka's own quotes the value, and values may be secrets.
+    fn validate_properties(&self) -> Result<(), ConfigError> {
+        let properties = self.librdkafka_properties()?;
+        for (key, value) in &properties {
+            let origin = if self.property_files.contains_key(key) {
+                "kafka.property_files"
+            } else {
+                "kafka.properties"
+            };
+            let mut single = rdkafka::ClientConfig::new();
+            single.set(key.as_str(), value.expose_secret());
+            if let Err(err) = single.create_native_config() {
+                return Err(ConfigError::InvalidProperty {
+                    key: format!("{origin}.{key}"),
+                    reason: property_rejection(&err, value.expose_secret()),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every configured property value: what an error message about a Kafka client must never
+    /// show.
+    pub fn property_values(&self) -> Vec<SecretString> {
+        match self.librdkafka_properties() {
+            Ok(properties) => properties.into_values().collect(),
+            Err(_) => self.properties.values().cloned().collect(),
+        }
+    }
+
     pub fn session_timeout(&self) -> Duration {
         Duration::from_millis(self.session_timeout_ms)
     }
@@ -380,6 +474,54 @@ impl KafkaSettings {
     pub fn error_log_interval(&self) -> Duration {
         Duration::from_millis(self.error_log_interval_ms)
     }
+}
+
+/// Why librdkafka refused one property, without its value.
+fn property_rejection(err: &rdkafka::error::KafkaError, value: &str) -> String {
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaConfRes;
+    match err {
+        KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..) => {
+            "librdkafka has no such property (is it misspelled?)".to_owned()
+        }
+        KafkaError::ClientConfig(_, description, ..) => {
+            format!(
+                "librdkafka rejects its value (not shown): {}",
+                redact(description, [value])
+            )
+        }
+        // A NUL byte in the name or the value: the only other way setting one can fail.
+        _ => "the name or the value contains a NUL character".to_owned(),
+    }
+}
+
+/// `text` without any of `secrets`: each occurrence becomes `***`. Values shorter than four
+/// characters (a number, a flag) are cut only where quoted, as librdkafka quotes the values it
+/// rejects: cutting every `1` out of a message would leave it unreadable.
+pub fn redact<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> String {
+    const SHORTEST_ANYWHERE: usize = 4;
+    let mut text = text.to_owned();
+    for secret in secrets {
+        if secret.is_empty() {
+            continue;
+        }
+        let cut = if secret.len() >= SHORTEST_ANYWHERE {
+            secret.to_owned()
+        } else {
+            format!("\"{secret}\"")
+        };
+        let replacement = if cut.starts_with('"') {
+            "\"***\""
+        } else {
+            "***"
+        };
+        text = text.replace(&cut, replacement);
+        if text.contains(&cut) {
+            // Cutting made a new occurrence (a secret of asterisks): keep nothing.
+            return "(message withheld: it would show a configured value)".to_owned();
+        }
+    }
+    text
 }
 
 impl PipelineSettings {
@@ -401,6 +543,10 @@ impl PipelineSettings {
 
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.shutdown_timeout_ms)
+    }
+
+    pub fn unready_after_failing(&self) -> Duration {
+        Duration::from_millis(self.unready_after_failing_ms)
     }
 }
 
@@ -623,6 +769,138 @@ mod tests {
             .map(String::as_str)
             .collect();
         assert_eq!(keys, vec!["sasl.mechanisms", "security.protocol"]);
+    }
+
+    #[test]
+    fn a_directory_given_as_the_file_is_named_as_one() {
+        let err = Settings::load_from(Some(&std::env::temp_dir()), None).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+    }
+
+    #[test]
+    fn every_broker_entry_needs_a_host_and_a_numeric_port() {
+        for brokers in [
+            "::::,,",
+            "k1:9092,,k2:9092",
+            "k1",
+            ":9092",
+            "k1:port",
+            "k1:0",
+            "k1:70000",
+            "::1:9092",
+            "[::1:9092",
+            "[]:9092",
+        ] {
+            let err = load(&[("HISTORY__KAFKA__BROKERS", brokers)]).unwrap_err();
+            assert!(
+                matches!(
+                    &err,
+                    ConfigError::Invalid {
+                        key: "kafka.brokers",
+                        ..
+                    }
+                ),
+                "{brokers}: {err}"
+            );
+        }
+        for brokers in [
+            "k1:9092",
+            "k1:9092, k2:9093",
+            "10.0.0.1:9092",
+            "[::1]:9092,[fe80::1]:19092",
+            "SASL_SSL://kafka.internal:9094",
+        ] {
+            assert!(
+                load(&[("HISTORY__KAFKA__BROKERS", brokers)]).is_ok(),
+                "{brokers}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_unready_time_must_be_positive() {
+        assert_eq!(
+            invalid_key(load(&[(
+                "HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS",
+                "0"
+            )])),
+            "pipeline.unready_after_failing_ms"
+        );
+        let settings = load(&[("HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS", "1500")]).unwrap();
+        assert_eq!(
+            settings.pipeline.unready_after_failing(),
+            Duration::from_millis(1500)
+        );
+    }
+
+    /// The key and the reason of a rejected Kafka property; the value never shows.
+    fn property_error(pairs: &[(&str, &str)], secret: &str) -> (String, String) {
+        match load(pairs) {
+            Err(err @ ConfigError::InvalidProperty { .. }) => {
+                let shown = format!("{err} {err:?}");
+                assert!(!shown.contains(secret), "the value leaked: {shown}");
+                let ConfigError::InvalidProperty { key, reason } = err else {
+                    unreachable!()
+                };
+                (key, reason)
+            }
+            other => panic!("expected an invalid property, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_misspelled_kafka_property_is_named_without_its_value() {
+        let (key, reason) = property_error(
+            &[("HISTORY__KAFKA__PROPERTIES__SASL_PASWORD", "hunter2-secret")],
+            "hunter2-secret",
+        );
+        assert_eq!(key, "kafka.properties.sasl.pasword");
+        assert!(reason.contains("no such property"), "{reason}");
+    }
+
+    #[test]
+    fn a_rejected_kafka_property_value_is_not_shown() {
+        let (key, reason) = property_error(
+            &[(
+                "HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
+                "bogus-s3cr3t",
+            )],
+            "bogus-s3cr3t",
+        );
+        assert_eq!(key, "kafka.properties.security.protocol");
+        assert!(reason.contains("rejects its value"), "{reason}");
+    }
+
+    #[test]
+    fn a_property_read_from_a_file_is_named_with_its_file_key() {
+        let mut file = tempfile();
+        writeln!(file.1, "file-s3cr3t-value").unwrap();
+        let path = file.0.display().to_string();
+        let (key, _) = property_error(
+            &[("HISTORY__KAFKA__PROPERTY_FILES__SASL_PASWORD", &path)],
+            "file-s3cr3t-value",
+        );
+        assert_eq!(key, "kafka.property_files.sasl.pasword");
+        let (key, _) = property_error(
+            &[("HISTORY__KAFKA__PROPERTY_FILES__SECURITY_PROTOCOL", &path)],
+            "file-s3cr3t-value",
+        );
+        assert_eq!(key, "kafka.property_files.security.protocol");
+        std::fs::remove_file(&file.0).unwrap();
+    }
+
+    #[test]
+    fn redact_cuts_every_secret_and_short_ones_only_where_quoted() {
+        assert_eq!(
+            redact("x \"hunter2\" y hunter2", ["hunter2"]),
+            "x \"***\" y ***"
+        );
+        assert_eq!(
+            redact("value \"1\" out of range 1..10", ["1"]),
+            "value \"***\" out of range 1..10"
+        );
+        assert_eq!(redact("nothing here", ["", "secret"]), "nothing here");
+        assert!(!redact("a ***** b", ["****"]).contains("****"));
     }
 
     fn tempfile() -> (std::path::PathBuf, std::fs::File) {

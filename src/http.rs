@@ -1,42 +1,21 @@
 //! The operator's endpoints on `http.listen`: `/metrics` (Prometheus text format), `/healthz`
-//! (the process is alive) and `/readyz` (the consumer has joined its group and the database
-//! answers). Nothing else is served.
+//! (the process is alive) and `/readyz` (the service can consume and write; see
+//! [`crate::health`]). Served from the first moment of `run`, before migrations. GET and HEAD
+//! only; nothing else is served.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpResponse, HttpServer, web};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::health::Readiness;
 use crate::metrics as names;
-use crate::store::PgPool;
 
-/// What readiness depends on.
-#[derive(Clone)]
-pub struct Health {
-    pub joined: Arc<AtomicBool>,
-    pub pool: PgPool,
-}
-
-impl Health {
-    /// Why the service is not ready, or `None` if it is.
-    pub async fn not_ready_reason(&self) -> Option<&'static str> {
-        if !self.joined.load(Ordering::Relaxed) {
-            return Some("the consumer has not joined its group yet");
-        }
-        let probe = async {
-            let conn = self.pool.get().await.ok()?;
-            conn.client.simple_query("SELECT 1").await.ok()
-        };
-        match tokio::time::timeout(Duration::from_secs(2), probe).await {
-            Ok(Some(_)) => None,
-            _ => Some("the database does not answer"),
-        }
-    }
-}
+/// How often the `history_ready` gauge is brought up to date when nobody asks `/readyz`.
+const READY_GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
 static PROMETHEUS: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -72,24 +51,52 @@ async fn healthz() -> HttpResponse {
     HttpResponse::Ok().body("ok\n")
 }
 
-async fn readyz(health: web::Data<Health>) -> HttpResponse {
-    match health.not_ready_reason().await {
+async fn readyz(readiness: web::Data<Readiness>) -> HttpResponse {
+    match readiness.check().await {
         None => HttpResponse::Ok().body("ready\n"),
         Some(reason) => HttpResponse::ServiceUnavailable().body(format!("not ready: {reason}\n")),
     }
 }
 
-/// Binds the endpoints and runs them on the current actix system. Returns the handle that
-/// stops them, and the bound address (port 0 picks a free one).
-pub fn serve(listen: SocketAddr, health: Health) -> std::io::Result<(ServerHandle, SocketAddr)> {
+/// The running endpoints, and the task keeping the `history_ready` gauge current.
+pub struct Endpoints {
+    server: ServerHandle,
+    gauge: tokio::task::JoinHandle<()>,
+}
+
+impl Endpoints {
+    /// Stops serving; `graceful` lets requests in progress finish.
+    pub async fn stop(self, graceful: bool) {
+        self.gauge.abort();
+        self.server.stop(graceful).await;
+    }
+}
+
+/// Binds the endpoints and runs them on the current actix system. Returns their handle and the
+/// bound address (port 0 picks a free one).
+pub fn serve(listen: SocketAddr, readiness: Readiness) -> std::io::Result<(Endpoints, SocketAddr)> {
     let handle = prometheus();
+    let app_readiness = readiness.clone();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(web::Data::new(handle.clone()))
-            .app_data(web::Data::new(health.clone()))
-            .route("/metrics", web::get().to(metrics_endpoint))
-            .route("/healthz", web::get().to(healthz))
-            .route("/readyz", web::get().to(readyz))
+            .app_data(web::Data::new(app_readiness.clone()))
+            // A resource answers other methods with 405 and an `Allow` header.
+            .service(
+                web::resource("/metrics")
+                    .route(web::get().to(metrics_endpoint))
+                    .route(web::head().to(metrics_endpoint)),
+            )
+            .service(
+                web::resource("/healthz")
+                    .route(web::get().to(healthz))
+                    .route(web::head().to(healthz)),
+            )
+            .service(
+                web::resource("/readyz")
+                    .route(web::get().to(readyz))
+                    .route(web::head().to(readyz)),
+            )
     })
     .workers(1)
     .disable_signals()
@@ -99,5 +106,19 @@ pub fn serve(listen: SocketAddr, health: Health) -> std::io::Result<(ServerHandl
     let server = server.run();
     let stop = server.handle();
     actix_rt::spawn(server);
-    Ok((stop, bound))
+    let gauge = actix_rt::spawn(async move {
+        let mut ticks = tokio::time::interval(READY_GAUGE_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            readiness.check().await;
+        }
+    });
+    Ok((
+        Endpoints {
+            server: stop,
+            gauge,
+        },
+        bound,
+    ))
 }

@@ -9,7 +9,7 @@
 //! - [`actors`]: the actix pipeline — Kafka supervisor, partition actors, DB writers and the
 //!   OffsetCommitter — with [`kafka`] holding the rdkafka consumer it drives;
 //! - [`app`]: wires the service from its settings and runs it until shutdown; [`http`] serves
-//!   metrics and health; [`metrics`] names what is counted;
+//!   metrics and health, [`health`] decides readiness; [`metrics`] names what is counted;
 //! - [`dev`]: the embedded broker, the demo and workload generation;
 //! - [`cli`]: the commands of the `history-service` binary.
 
@@ -19,6 +19,7 @@ pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod domain;
+pub mod health;
 pub mod http;
 pub mod kafka;
 pub mod metrics;

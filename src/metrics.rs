@@ -74,6 +74,8 @@ pub struct Stats {
     pub pauses: AtomicU64,
     /// When the first record was fetched: throughput is measured from here.
     pub first_fetch: std::sync::OnceLock<std::time::Instant>,
+    /// Whether writes succeed, for readiness.
+    pub writes: crate::health::WriteHealth,
 }
 
 /// A copy of the counters at one moment.
@@ -204,6 +206,10 @@ pub fn set_consumer_lag(tp: &TopicPartition, lag: i64) {
 
 pub fn set_in_flight(tp: &TopicPartition, len: usize) {
     metrics::gauge!(IN_FLIGHT, &partition_labels(tp)).set(len as f64);
+}
+
+pub fn set_ready(ready: bool) {
+    metrics::gauge!(READY).set(if ready { 1.0 } else { 0.0 });
 }
 
 pub fn set_assigned_partitions(count: usize) {

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use tokio_postgres::error::DbError;
 use tracing::{debug, error, info, warn};
 
 use super::committer::OffsetCommitter;
@@ -220,6 +219,10 @@ impl DbWriter {
     }
 
     fn finish(&mut self, result: BatchResult, ctx: &mut Context<Self>) {
+        self.stats.writes.batch(
+            !result.resolved.is_empty(),
+            result.failed.as_ref().map(|f| &f.1),
+        );
         self.stats.transaction(result.elapsed, result.attempted);
         for reason in result.dead_letter_reasons {
             self.stats.dead_letter_reason(reason);
@@ -430,21 +433,15 @@ impl DbWriter {
 /// (53), a deadlock (40), a permission or a missing table (42) — is about the database, not
 /// the event: bisecting would only multiply the failing attempts, so the batch is retried whole.
 fn rejection(error: &StoreError) -> Option<Rejection> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(cause) = source {
-        if let Some(db) = cause.downcast_ref::<DbError>() {
-            let sqlstate = db.code().code();
-            let class = sqlstate.get(..2).unwrap_or_default();
-            return ["21", "22", "23", "44", "54", "P0"]
-                .contains(&class)
-                .then(|| Rejection {
-                    sqlstate: sqlstate.to_owned(),
-                    message: db.message().to_owned(),
-                });
-        }
-        source = cause.source();
-    }
-    None
+    let db = error.db_error()?;
+    let sqlstate = db.code().code();
+    let class = sqlstate.get(..2).unwrap_or_default();
+    ["21", "22", "23", "44", "54", "P0"]
+        .contains(&class)
+        .then(|| Rejection {
+            sqlstate: sqlstate.to_owned(),
+            message: db.message().to_owned(),
+        })
 }
 
 /// Runs one batch: the events through the per-event transaction's batched form, the dead

@@ -571,10 +571,7 @@ async fn measure_ceiling(
     {
         let mut warm = Vec::new();
         for _ in 0..writers {
-            let mut conn = pool
-                .get_owned()
-                .await
-                .map_err(crate::store::StoreError::from)?;
+            let mut conn = pool.get_owned().await?;
             conn.statements()
                 .await
                 .map_err(crate::store::StoreError::from)?;

@@ -140,6 +140,22 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
+    /// Every [`DecodeError::code`], for tools that take a code (`dead-letters --reason`).
+    pub const CODES: [&'static str; 12] = [
+        "null_payload",
+        "too_large",
+        "not_utf8",
+        "not_json",
+        "not_object",
+        "missing_field",
+        "duplicate_field",
+        "wrong_type",
+        "empty_field",
+        "too_long",
+        "control_character",
+        "bad_timestamp",
+    ];
+
     /// A short, stable label for metrics and for the `reason_code` column.
     pub fn code(&self) -> &'static str {
         match self {

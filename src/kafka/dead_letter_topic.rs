@@ -47,7 +47,7 @@ impl DeadLetterPublisher {
         if config.get("message.timeout.ms").is_none() {
             config.set("message.timeout.ms", "30000");
         }
-        let producer = config.create()?;
+        let producer = super::create_client("producer", settings, || config.create())?;
         Ok(DeadLetterPublisher {
             producer,
             topic: topic.to_owned(),

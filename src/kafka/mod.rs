@@ -31,6 +31,44 @@ pub enum KafkaSetupError {
     Config(#[from] ConfigError),
     #[error("kafka consumer: {0}")]
     Kafka(#[from] KafkaError),
+    /// librdkafka refused to create a client. Its message quotes values it rejects, so the
+    /// text is scrubbed of every configured property value before it gets here.
+    #[error("cannot create the kafka {client}: {reason}")]
+    Client {
+        client: &'static str,
+        reason: String,
+    },
+}
+
+/// Creates a client from `config`, turning any error into [`KafkaSetupError::Client`] with
+/// every configured property value cut out of its text: the one way a client error is built.
+pub(crate) fn create_client<T>(
+    client: &'static str,
+    settings: &KafkaSettings,
+    create: impl FnOnce() -> Result<T, KafkaError>,
+) -> Result<T, KafkaSetupError> {
+    create().map_err(|err| {
+        let values = settings.property_values();
+        let text = match &err {
+            // Its Display repeats the key and the value after librdkafka's own description.
+            KafkaError::ClientConfig(_, description, key, _) => {
+                format!("librdkafka rejects `{key}`: {description}")
+            }
+            other => other.to_string(),
+        };
+        KafkaSetupError::Client {
+            client,
+            reason: crate::config::redact(&text, values.iter().map(|v| v.expose_secret())),
+        }
+    })
+}
+
+/// A producer to the same cluster (dead-letter topic, replays), from [`producer_config`].
+pub fn create_producer<T: rdkafka::config::FromClientConfig>(
+    settings: &KafkaSettings,
+) -> Result<T, KafkaSetupError> {
+    let config = producer_config(settings)?;
+    create_client("producer", settings, || config.create())
 }
 
 pub type HistoryConsumer = StreamConsumer<SupervisorContext>;
@@ -126,7 +164,9 @@ pub fn subscribe(
     settings: &KafkaSettings,
     context: SupervisorContext,
 ) -> Result<Arc<HistoryConsumer>, KafkaSetupError> {
-    let consumer: HistoryConsumer = consumer_config(settings)?.create_with_context(context)?;
+    let config = consumer_config(settings)?;
+    let consumer: HistoryConsumer =
+        create_client("consumer", settings, || config.create_with_context(context))?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     Ok(Arc::new(consumer))

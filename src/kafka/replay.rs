@@ -20,7 +20,7 @@ pub struct Replayer {
 impl Replayer {
     pub fn new(settings: &KafkaSettings) -> Result<Self, super::KafkaSetupError> {
         Ok(Replayer {
-            producer: super::producer_config(settings)?.create()?,
+            producer: super::create_producer(settings)?,
         })
     }
 

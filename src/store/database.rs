@@ -86,20 +86,23 @@ impl Database {
 
     /// A pool that connects lazily: the service starts (not ready) while the database is down.
     pub fn pool(&self, size: u32, connect_timeout: Duration) -> PgPool {
-        bb8::Pool::builder()
+        let builder = bb8::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
             .connection_timeout(connect_timeout)
             // No test query on every checkout: it is a round trip per transaction, and a dead
             // connection shows up anyway — as a failed (Unknown, retried) transaction, after
             // which the pool drops it as broken.
-            .test_on_check_out(false)
-            .build_unchecked(PgManager::new(self.config.clone(), self.tls.clone()))
+            .test_on_check_out(false);
+        PgPool::build(
+            builder,
+            PgManager::new(self.config.clone(), self.tls.clone()),
+        )
     }
 }
 
 async fn drive<T: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: T) {
     if let Err(err) = connection.await {
-        tracing::debug!(error = %err, "database connection closed");
+        tracing::debug!(error = %super::error::describe(&err), "database connection closed");
     }
 }

@@ -5,7 +5,7 @@ use tokio_postgres::Client;
 use tracing::info;
 
 use super::database::Database;
-use super::pool::StoreError;
+use super::error::{StoreError, with_causes};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -48,19 +48,6 @@ pub async fn run_migrations(client: &mut Client) -> Result<MigrationReport, Stor
     let known = embedded::migrations::runner().get_migrations().len();
     info!(applied = ?applied, known, "migrations up to date");
     Ok(MigrationReport { applied, known })
-}
-
-/// An error and every cause under it, on one line: refinery's own message alone only says
-/// "db error", the server's reason is further down.
-fn with_causes(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Connects without TLS, outside any pool (tools and tests; the service uses [`Database`]).

@@ -3,6 +3,7 @@
 
 pub mod database;
 pub mod dead_letters;
+pub mod error;
 pub mod migrate;
 pub mod pool;
 pub mod repository;

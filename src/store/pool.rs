@@ -1,35 +1,86 @@
 //! The bb8 pool of PostgreSQL connections, each with its prepared statements.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
 use bb8_postgres::PostgresConnectionManager;
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::database::PgTls;
+pub use super::error::StoreError;
 
-/// Any failure talking to the History database.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// No connection within the pool's timeout: the database is down or unreachable.
-    #[error("no database connection available: {0}")]
-    Unavailable(String),
-    #[error("database error: {0}")]
-    Db(#[from] tokio_postgres::Error),
-    #[error("migration failed: {0}")]
-    Migration(String),
+/// The pool of connections to the History database. bb8 tells a caller only that no connection
+/// came in time; this pool also remembers why the last attempt to connect failed (the database
+/// does not exist, refuses, is shutting down), so that what is logged says so.
+#[derive(Clone)]
+pub struct PgPool {
+    pool: bb8::Pool<PgManager>,
+    last_connect_error: ConnectErrorSlot,
 }
 
-impl From<bb8::RunError<tokio_postgres::Error>> for StoreError {
-    fn from(err: bb8::RunError<tokio_postgres::Error>) -> Self {
-        match err {
-            bb8::RunError::User(err) => StoreError::Db(err),
-            bb8::RunError::TimedOut => {
-                StoreError::Unavailable("timed out waiting for a connection".to_owned())
-            }
+impl PgPool {
+    /// Builds the pool from `builder`, recording connection errors.
+    pub(super) fn build(builder: bb8::Builder<PgManager>, manager: PgManager) -> Self {
+        let last_connect_error = ConnectErrorSlot::default();
+        let pool = builder
+            .error_sink(Box::new(last_connect_error.clone()))
+            .connection_customizer(Box::new(last_connect_error.clone()))
+            .build_unchecked(manager);
+        PgPool {
+            pool,
+            last_connect_error,
+        }
+    }
+
+    pub async fn get(&self) -> Result<bb8::PooledConnection<'_, PgManager>, StoreError> {
+        self.pool.get().await.map_err(|err| self.explain(err))
+    }
+
+    pub async fn get_owned(&self) -> Result<bb8::PooledConnection<'static, PgManager>, StoreError> {
+        self.pool.get_owned().await.map_err(|err| self.explain(err))
+    }
+
+    fn explain(&self, err: bb8::RunError<tokio_postgres::Error>) -> StoreError {
+        match (err, self.last_connect_error.get()) {
+            (bb8::RunError::TimedOut, Some(reason)) => StoreError::Unavailable(format!(
+                "timed out waiting for a connection; the last attempt failed: {reason}"
+            )),
+            (err, _) => err.into(),
         }
     }
 }
 
-pub type PgPool = bb8::Pool<PgManager>;
+/// Why the pool's last attempt to connect failed; cleared by the next connection made.
+#[derive(Debug, Clone, Default)]
+struct ConnectErrorSlot(Arc<Mutex<Option<String>>>);
+
+impl ConnectErrorSlot {
+    fn get(&self) -> Option<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl bb8::ErrorSink<tokio_postgres::Error> for ConnectErrorSlot {
+    fn sink(&self, error: tokio_postgres::Error) {
+        *self.0.lock().unwrap() = Some(super::error::describe(&error));
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<tokio_postgres::Error>> {
+        Box::new(self.clone())
+    }
+}
+
+impl bb8::CustomizeConnection<PgConnection, tokio_postgres::Error> for ConnectErrorSlot {
+    fn on_acquire<'a>(
+        &'a self,
+        _connection: &'a mut PgConnection,
+    ) -> Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>> {
+        *self.0.lock().unwrap() = None;
+        Box::pin(async { Ok(()) })
+    }
+}
 
 /// A pooled connection: the client, its prepared statements, and whether it must be discarded.
 pub struct PgConnection {

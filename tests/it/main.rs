@@ -4,6 +4,7 @@
 mod common;
 mod mock_kafka;
 
+mod bad_day;
 mod bench;
 mod cli;
 mod dead_letter_topic;
