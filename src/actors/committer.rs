@@ -375,6 +375,13 @@ impl Handler<Revoke> for OffsetCommitter {
         } else {
             msg.deadline
         };
+        if let Some(early) = &msg.early {
+            let positions = current
+                .iter()
+                .filter_map(|tp| self.windows.get(tp).and_then(|w| w.unconfirmed(tp)))
+                .collect();
+            let _ = early.try_send(positions);
+        }
         let in_flight = self.in_flight(&Scope::Partitions(current.clone()));
         if in_flight > 0 {
             debug!(in_flight, partitions = ?current, "revoke: letting in-flight records resolve");

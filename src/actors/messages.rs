@@ -225,6 +225,10 @@ pub struct Resolved(pub Vec<ResolvedOffset>);
 pub struct Revoke {
     pub partitions: Vec<(TopicPartition, Epoch)>,
     pub deadline: Duration,
+    /// Answered at once with the positions resolved so far, before the wait: committing them
+    /// straight away covers most of the work while the group is surely still settled (a broker
+    /// may refuse commits once the next round of the rebalance has begun).
+    pub early: Option<std::sync::mpsc::SyncSender<Vec<CommitPosition>>>,
     pub reply: Option<std::sync::mpsc::SyncSender<Vec<CommitPosition>>>,
 }
 

@@ -234,12 +234,20 @@ impl SupervisorContext {
             "partitions revoked: letting their in-flight records resolve, then committing"
         );
         let started = Instant::now();
+        let (early, early_answer) = std::sync::mpsc::sync_channel(1);
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
         let _ = self.committer.revoke.try_send(Revoke {
             partitions: partitions.clone(),
             deadline: self.revoke_timeout,
+            early: Some(early),
             reply: Some(reply),
         });
+        // What is resolved already is committed at once; what was in flight follows below.
+        if let Ok(positions) = early_answer.recv_timeout(REVOKE_ANSWER_MARGIN) {
+            if !positions.is_empty() {
+                self.commit(consumer, &positions, "revoke");
+            }
+        }
         match answer.recv_timeout(self.revoke_timeout + REVOKE_ANSWER_MARGIN) {
             Ok(positions) if positions.is_empty() => {}
             Ok(positions) => {

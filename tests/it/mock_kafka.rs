@@ -113,6 +113,7 @@ impl Handler<RevokePartition> for MockKafka {
         let revoke = committer.send(Revoke {
             partitions: vec![(msg.0.clone(), epoch)],
             deadline: msg.1,
+            early: None,
             reply: None,
         });
         Box::pin(revoke.into_actor(self).map(move |positions, mock, _| {
