@@ -98,6 +98,11 @@ pub async fn run_with(
         settings.database.connect_timeout(),
     );
     let stats = Stats::new();
+    if settings.http.enabled {
+        // The recorder before anything registers a family, or that registration is lost.
+        http::prometheus();
+        crate::metrics::register_families();
+    }
     let _ = handles.stats.set(stats.clone());
     let publisher = if settings.dead_letter.topic.is_empty() {
         None

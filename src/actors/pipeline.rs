@@ -51,6 +51,7 @@ impl Pipeline {
         stats: Arc<Stats>,
         publisher: Option<Arc<DeadLetterPublisher>>,
     ) -> Pipeline {
+        crate::metrics::set_window_limit(settings.max_in_flight_per_partition);
         let committer = OffsetCommitter::new(settings.commit_interval()).start();
         let writer_settings = WriterSettings {
             batch_max_events: settings.batch_max_events,

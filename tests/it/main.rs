@@ -9,5 +9,6 @@ mod cli;
 mod end_to_end;
 mod migrations;
 mod operations;
+mod operators_kit;
 mod pipeline;
 mod repository;
