@@ -207,6 +207,60 @@ fn the_alert_rules_cover_the_readme_list_and_the_prometheus_rule_carries_the_sam
     );
 }
 
+#[test]
+fn the_keda_scaled_object_scales_the_deployment_on_the_services_group_and_topic() {
+    let yaml = |path: &str| -> Yaml { serde_yaml_ng::from_str(&read(path)).unwrap() };
+    let scaled = yaml("deploy/kubernetes/monitoring/keda-scaledobject.yaml");
+    let deployment = yaml("deploy/kubernetes/deployment.yaml");
+    let configmap = yaml("deploy/kubernetes/configmap.yaml");
+    assert_eq!(scaled["kind"].as_str(), Some("ScaledObject"));
+    assert_eq!(
+        scaled["spec"]["scaleTargetRef"]["name"],
+        deployment["metadata"]["name"]
+    );
+
+    // The service's settings as the ConfigMap gives them (and validated as the service would).
+    let file = std::env::temp_dir().join(format!("history-cm-{:016x}.toml", rand::random::<u64>()));
+    std::fs::write(&file, configmap["data"]["history.toml"].as_str().unwrap()).unwrap();
+    let settings =
+        history_service::config::Settings::load_from(Some(&file), Some(Default::default()));
+    let _ = std::fs::remove_file(&file);
+    let kafka = settings
+        .expect("the ConfigMap is a valid configuration")
+        .kafka;
+
+    let trigger = &scaled["spec"]["triggers"][0];
+    assert_eq!(trigger["type"].as_str(), Some("kafka"));
+    let metadata = &trigger["metadata"];
+    assert_eq!(
+        metadata["bootstrapServers"].as_str(),
+        Some(kafka.brokers.as_str())
+    );
+    assert_eq!(
+        metadata["consumerGroup"].as_str(),
+        Some(kafka.group_id.as_str())
+    );
+    assert_eq!(kafka.topics.len(), 1, "one trigger per topic");
+    assert_eq!(metadata["topic"].as_str(), Some(kafka.topics[0].as_str()));
+    // Replicas beyond the partition count would sit idle: KEDA must not add them.
+    assert_eq!(metadata["allowIdleConsumers"].as_str(), Some("false"));
+    assert_eq!(metadata["offsetResetPolicy"].as_str(), Some("earliest"));
+    let (min, max) = (
+        scaled["spec"]["minReplicaCount"].as_u64().unwrap(),
+        scaled["spec"]["maxReplicaCount"].as_u64().unwrap(),
+    );
+    assert!(1 <= min && min <= max, "replicas {min}..={max}");
+
+    let kustomization = yaml("deploy/kubernetes/monitoring/kustomization.yaml");
+    for resource in kustomization["resources"].as_sequence().unwrap() {
+        let path = format!(
+            "deploy/kubernetes/monitoring/{}",
+            resource.as_str().unwrap()
+        );
+        assert!(repo(&path).is_file(), "{path} is listed but missing");
+    }
+}
+
 /// A service with its HTTP endpoints on a free port, after a small workload (with poison) is
 /// fully committed and the lag is reported. Returns what the test needs to keep alive.
 struct RunningService {
