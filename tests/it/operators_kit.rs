@@ -91,10 +91,7 @@ fn history_names(text: &str) -> BTreeSet<String> {
     found
 }
 
-fn promtool(args: &[&str]) {
-    let Some(promtool) = prometheus_tool("promtool") else {
-        return;
-    };
+fn promtool(promtool: &Path, args: &[&str]) {
     let output = Command::new(promtool)
         .args(args)
         .current_dir(repo("."))
@@ -111,8 +108,11 @@ fn promtool(args: &[&str]) {
 
 #[test]
 fn promtool_accepts_the_alert_rules_and_their_unit_tests_pass() {
-    promtool(&["check", "rules", ALERTS]);
-    promtool(&["test", "rules", ALERTS_TEST]);
+    let Some(binary) = prometheus_tool("promtool") else {
+        return;
+    };
+    promtool(&binary, &["check", "rules", ALERTS]);
+    promtool(&binary, &["test", "rules", ALERTS_TEST]);
     // The Kubernetes copy, as the Prometheus Operator would hand it to Prometheus.
     let manifest: Yaml = serde_yaml_ng::from_str(&read(PROMETHEUS_RULE)).unwrap();
     let extracted = std::env::temp_dir().join(format!(
@@ -124,7 +124,7 @@ fn promtool_accepts_the_alert_rules_and_their_unit_tests_pass() {
         serde_yaml_ng::to_string(&manifest["spec"]).unwrap(),
     )
     .unwrap();
-    promtool(&["check", "rules", extracted.to_str().unwrap()]);
+    promtool(&binary, &["check", "rules", extracted.to_str().unwrap()]);
     let _ = std::fs::remove_file(extracted);
 }
 
@@ -578,11 +578,10 @@ async fn a_real_prometheus_scrapes_the_service_and_raises_an_alert_when_writes_f
         })
         .await;
     assert!(rules >= 10, "{rules} rules loaded");
-    assert_eq!(
-        prometheus.alert_state("HistoryWritesRetrying").await,
-        None,
-        "nothing fails yet"
-    );
+    // Nothing has failed yet, so the alert is quiet (unless a write happened to be retried).
+    if prometheus.value("sum(history_retries_total)").await == Some(0.0) {
+        assert_eq!(prometheus.alert_state("HistoryWritesRetrying").await, None);
+    }
 
     // Every write now fails: the database rejects any new history row.
     running
