@@ -102,6 +102,11 @@ pub async fn run_with(
         "history-service starting"
     );
     let stats = Stats::new();
+    if settings.http.enabled {
+        // The recorder before anything registers a family, or that registration is lost.
+        http::prometheus();
+        crate::metrics::register_families();
+    }
     let _ = handles.stats.set(stats.clone());
     let readiness = Readiness::new(stats.clone(), settings.pipeline.unready_after_failing());
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::actors::messages::TopicPartition;
+use crate::actors::messages::{CommitReason, TopicPartition};
 
 pub const EVENTS_TOTAL: &str = "history_events_total";
 pub const DEAD_LETTERS_TOTAL: &str = "history_dead_letters_total";
@@ -38,6 +38,118 @@ pub const READY: &str = "history_ready";
 pub const WINDOW_LIMIT: &str = "history_window_limit";
 /// Client errors of librdkafka, by error name (the logs aggregate repeats of one error).
 pub const KAFKA_CLIENT_ERRORS_TOTAL: &str = "history_kafka_client_errors_total";
+
+/// Label values of `history_rebalances_total{kind}`.
+pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "lost"];
+/// Label values of `history_offset_commits_total{result}`.
+pub const COMMIT_RESULTS: [&str; 2] = ["ok", "error"];
+
+/// Gives every family its HELP text and starts the counters whose labels are known in advance
+/// at 0, so that `/metrics` shows them before their first event and alerts on `increase()` see
+/// that first event. Families with per-partition or open-ended labels (reasons, error names)
+/// appear when they are first set. Call once, after the recorder is installed.
+pub fn register_families() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        EVENTS_TOTAL,
+        "Records by outcome; `unknown` counts failed write attempts (retried)."
+    );
+    describe_counter!(
+        DEAD_LETTERS_TOTAL,
+        "Records that cannot be decoded, stored in dead_letters, by reason code."
+    );
+    describe_counter!(
+        CONFLICTING_DUPLICATES_TOTAL,
+        "Redeliveries of an event_id with different content (the stored row is kept)."
+    );
+    describe_counter!(
+        DEAD_LETTER_CONFLICTS_TOTAL,
+        "Dead letters whose coordinates were already stored with other bytes."
+    );
+    describe_counter!(RECORDS_FETCHED_TOTAL, "Records fetched from Kafka.");
+    describe_histogram!(
+        TRANSACTION_SECONDS,
+        Unit::Seconds,
+        "Duration of one write transaction (a batch)."
+    );
+    describe_histogram!(BATCH_EVENTS, "Events per write transaction.");
+    describe_counter!(RETRIES_TOTAL, "Writes retried after an Unknown outcome.");
+    describe_counter!(REBALANCES_TOTAL, "Consumer group rebalances, by kind.");
+    describe_counter!(COMMITS_TOTAL, "Offset commits, by reason and result.");
+    describe_gauge!(COMMITTED_OFFSET, "The partition's last committed position.");
+    describe_gauge!(
+        CONSUMER_LAG,
+        "Records between the end of the partition and the committed position."
+    );
+    describe_gauge!(
+        IN_FLIGHT,
+        "Records in the partition's window (unresolved, and resolved behind them)."
+    );
+    describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this replica.");
+    describe_counter!(
+        PARTITION_PAUSES_TOTAL,
+        "Times a partition's window filled and its fetching was paused."
+    );
+    describe_counter!(
+        OFFSET_RESETS_TOTAL,
+        "Positions reset because retention deleted records before they were recorded."
+    );
+    describe_counter!(
+        OFFSET_RESET_SKIPPED_RECORDS_TOTAL,
+        "Records skipped by offset resets: lost to the projection."
+    );
+    describe_gauge!(
+        STUCK_EVENT,
+        "1 while an event the database keeps rejecting holds its partition."
+    );
+    describe_counter!(
+        DEAD_LETTER_PUBLISH_FAILURES_TOTAL,
+        "Dead letters stored but not published to dead_letter.topic."
+    );
+    describe_gauge!(READY, "1 while /readyz answers 200, else 0.");
+    describe_gauge!(WINDOW_LIMIT, "pipeline.max_in_flight_per_partition.");
+    describe_counter!(
+        KAFKA_CLIENT_ERRORS_TOTAL,
+        "Errors reported by the Kafka client, by error name."
+    );
+
+    for counter in [
+        CONFLICTING_DUPLICATES_TOTAL,
+        DEAD_LETTER_CONFLICTS_TOTAL,
+        RECORDS_FETCHED_TOTAL,
+        RETRIES_TOTAL,
+        PARTITION_PAUSES_TOTAL,
+        DEAD_LETTER_PUBLISH_FAILURES_TOTAL,
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
+    for class in [
+        OutcomeClass::Applied,
+        OutcomeClass::AlreadyApplied,
+        OutcomeClass::Unknown,
+        OutcomeClass::DeadLetter,
+    ] {
+        metrics::counter!(EVENTS_TOTAL, "outcome" => class.label()).increment(0);
+    }
+    for kind in REBALANCE_KINDS {
+        metrics::counter!(REBALANCES_TOTAL, "kind" => kind).increment(0);
+    }
+    for reason in [
+        CommitReason::Periodic,
+        CommitReason::Revoke,
+        CommitReason::Shutdown,
+    ] {
+        for result in COMMIT_RESULTS {
+            let labels = [("reason", reason.as_str()), ("result", result)];
+            metrics::counter!(COMMITS_TOTAL, &labels).increment(0);
+        }
+    }
+}
+
+/// How many records a partition's window may hold, for comparison with `history_in_flight`.
+pub fn set_window_limit(limit: usize) {
+    metrics::gauge!(WINDOW_LIMIT).set(limit as f64);
+}
 
 /// Outcome classes, as the `outcome` label of `history_events_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,6 +14,7 @@ mod kafka_errors;
 mod migrations;
 mod offset_reset;
 mod operations;
+mod operators_kit;
 mod pipeline;
 mod redelivery;
 mod repository;
