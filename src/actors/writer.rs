@@ -126,6 +126,16 @@ struct Rejection {
     message: String,
 }
 
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the database rejects the event: {}: {}",
+            self.sqlstate, self.message
+        )
+    }
+}
+
 /// An event the database rejects by itself, retried alone (its outcome stays Unknown).
 struct Parked {
     job: Job<HistoryEvent>,
@@ -219,10 +229,16 @@ impl DbWriter {
     }
 
     fn finish(&mut self, result: BatchResult, ctx: &mut Context<Self>) {
-        self.stats.writes.batch(
-            !result.resolved.is_empty(),
-            result.failed.as_ref().map(|f| &f.1),
-        );
+        // A batch the database rejected event by event wrote nothing either: when nothing of a
+        // batch resolved, its failure counts, be it the whole batch's or its events' one by one.
+        let failure: Option<String> = match (&result.failed, result.rejected.first()) {
+            (Some((_, error)), _) => Some(error.to_string()),
+            (None, Some((_, rejection))) => Some(rejection.to_string()),
+            (None, None) => None,
+        };
+        self.stats
+            .writes
+            .batch(!result.resolved.is_empty(), failure.as_ref());
         self.stats.transaction(result.elapsed, result.attempted);
         for reason in result.dead_letter_reasons {
             self.stats.dead_letter_reason(reason);
@@ -372,6 +388,8 @@ impl DbWriter {
                 }
                 Some(Ok(classes)) => {
                     unstick(&parked.rejection);
+                    // The database takes writes again.
+                    writer.stats.writes.succeeded();
                     info!(
                         partition = %job.tp,
                         offset = job.offset,

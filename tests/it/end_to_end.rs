@@ -331,6 +331,19 @@ async fn a_backlog_far_larger_than_the_window_is_paused_resumed_and_fully_record
 
 #[actix_rt::test]
 async fn a_lost_assignment_commits_nothing_and_the_rejoined_member_rereads_without_duplicates() {
+    lost_assignment(None).await;
+}
+
+#[actix_rt::test]
+async fn a_lost_assignment_under_the_eager_protocol_commits_nothing_either() {
+    lost_assignment(Some((
+        "HISTORY__KAFKA__PROPERTIES__PARTITION_ASSIGNMENT_STRATEGY",
+        "range",
+    )))
+    .await;
+}
+
+async fn lost_assignment(property: Option<(&str, &str)>) {
     let db = TestDb::migrated().await;
     let broker = EmbeddedBroker::start(1).unwrap();
     broker.create_topic(TOPIC, 2).unwrap();
@@ -342,6 +355,7 @@ async fn a_lost_assignment_commits_nothing_and_the_rejoined_member_rereads_witho
 
     let port = free_port();
     let mut env = service_env(&db.url(), &brokers, "history-lost", TOPIC);
+    env.extend(property.map(|(k, v)| (k.to_owned(), v.to_owned())));
     env.extend([
         // Only a revoke or the shutdown commits: a commit at the loss would show.
         (

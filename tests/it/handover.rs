@@ -71,8 +71,12 @@ fn stopped_field(logs: &str, key: &str) -> Option<u64> {
 
 /// Sends SIGTERM; returns how long the process took to exit, and its exit code.
 fn stop(service: &mut Child) -> (Duration, Option<i32>) {
+    stop_with(service, libc::SIGTERM)
+}
+
+fn stop_with(service: &mut Child, signal: i32) -> (Duration, Option<i32>) {
     let asked = Instant::now();
-    service.signal(libc::SIGTERM);
+    service.signal(signal);
     let code = service.wait(Duration::from_secs(60));
     (asked.elapsed(), code)
 }
@@ -144,7 +148,13 @@ async fn stops_commit_exactly_what_was_written(stops: usize, property: Option<(&
         // A random moment well inside the backlog.
         let target = before + rng.random_range(200..2_500);
         wait_rows_at_least(&db, target, &[&service]).await;
-        let (took, code) = stop(&mut service);
+        // SIGHUP asks for the same graceful stop as SIGTERM.
+        let signal = if attempt == 1 {
+            libc::SIGHUP
+        } else {
+            libc::SIGTERM
+        };
+        let (took, code) = stop_with(&mut service, signal);
         let logs = service.logs();
         assert_eq!(code, Some(0), "stop {attempt}: not a clean stop\n{logs}");
         slowest = slowest.max(took);
@@ -275,4 +285,55 @@ async fn join_and_leave(property: Option<(&str, &str)>) -> (String, String) {
     assert_eq!(db.count("history_events").await, total as i64);
     assert_eq!(db.count("inbox").await, total as i64);
     (first_logs, second_logs)
+}
+
+#[actix_rt::test]
+async fn a_stop_that_leaves_records_behind_its_final_commit_exits_3_and_says_how_many() {
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 1).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let records = unique_events(50, "left", 3);
+    // Another session holds the first event's inbox marker: its write waits in the database,
+    // and every record after it can resolve but not be committed.
+    let first_id: String = {
+        let payload = records[0].payload.as_deref().unwrap();
+        let event: serde_json::Value = serde_json::from_slice(payload).unwrap();
+        event["event_id"].as_str().unwrap().to_owned()
+    };
+    let blocker = db.client().await;
+    blocker
+        .batch_execute(&format!("BEGIN; INSERT INTO inbox VALUES ('{first_id}')"))
+        .await
+        .unwrap();
+    produce(&brokers, &records).await;
+    let mut env = service_env(&db.url(), &brokers, "history-left", TOPIC);
+    env.push((
+        "HISTORY__PIPELINE__SHUTDOWN_TIMEOUT_MS".into(),
+        "500".into(),
+    ));
+    // One event per transaction, so the held-up event holds up no other.
+    env.push(("HISTORY__PIPELINE__BATCH_MAX_EVENTS".into(), "1".into()));
+    let mut service = Child::spawn(&["run"], &env);
+    wait_rows_at_least(&db, 10, &[&service]).await;
+    let (_, code) = stop(&mut service);
+    let logs = service.logs();
+    assert_eq!(code, Some(3), "{logs}");
+    let stopped = logs
+        .lines()
+        .rev()
+        .find(|line| line.contains("history-service stopped"))
+        .unwrap_or_default();
+    assert!(
+        stopped.contains("records left behind the final commit"),
+        "the last line says records were left: {stopped}"
+    );
+    assert!(stopped_field(&logs, "unresolved") >= Some(1), "{stopped}");
+    assert!(stopped_field(&logs, "left") >= Some(1), "{stopped}");
+    assert_eq!(
+        committed_sum(&brokers, "history-left", 1).await,
+        0,
+        "nothing is committed past the held-up first record"
+    );
+    blocker.batch_execute("ROLLBACK").await.unwrap();
 }
