@@ -101,11 +101,13 @@ pub struct BenchReport {
     pub ceiling: Rate,
     pub server_ceiling: Rate,
     /// CPU of PostgreSQL's backends serving the service during the drain.
-    pub service_pg_cpu: Duration,
+    pub service_pg_cpu: PgCpu,
     /// CPU of the service process during the drain.
     pub service_cpu: Duration,
+    /// CPU of PostgreSQL's backends serving the (client-side) ceiling.
+    pub ceiling_pg_cpu: PgCpu,
     /// CPU of PostgreSQL's backends running the server ceiling.
-    pub server_pg_cpu: Duration,
+    pub server_pg_cpu: PgCpu,
     pub naive: Rate,
     pub peak_rss_mb: f64,
     pub transactions: Transactions,
@@ -162,11 +164,16 @@ impl BenchReport {
             if self.verified { "yes" } else { "NO" }
         ));
         out.push_str(&format!(
-            "  CPU per event: PostgreSQL {:.1} us and the service {:.1} us while the service drains; \
-             PostgreSQL {:.1} us in the server ceiling\n",
-            self.pg_us_per_event(),
+            "  CPU per event: the service {:.1} us while it drains; PostgreSQL {:.1} us while the \
+             service drains, {:.1} us in the ceiling, {:.1} us in the server ceiling (of which \
+             autovacuum {:.1}, {:.1}, {:.1} us)\n",
             self.service_us_per_event(),
-            self.server_pg_us_per_event()
+            self.pg_us_per_event(),
+            per_event_us(self.ceiling_pg_cpu.total, self.ceiling.events),
+            self.server_pg_us_per_event(),
+            per_event_us(self.service_pg_cpu.autovacuum, self.service.events),
+            per_event_us(self.ceiling_pg_cpu.autovacuum, self.ceiling.events),
+            per_event_us(self.server_pg_cpu.autovacuum, self.server_ceiling.events),
         ));
         out.push_str(&format!(
             "  service transactions: {}, {:.1} ms and {:.0} events each on average\n",
@@ -187,7 +194,7 @@ impl BenchReport {
     }
 
     fn pg_us_per_event(&self) -> f64 {
-        per_event_us(self.service_pg_cpu, self.service.events)
+        per_event_us(self.service_pg_cpu.total, self.service.events)
     }
 
     fn service_us_per_event(&self) -> f64 {
@@ -195,7 +202,7 @@ impl BenchReport {
     }
 
     fn server_pg_us_per_event(&self) -> f64 {
-        per_event_us(self.server_pg_cpu, self.server_ceiling.events)
+        per_event_us(self.server_pg_cpu.total, self.server_ceiling.events)
     }
 
     /// The machine-readable summary, the last line of the output.
@@ -224,6 +231,14 @@ impl BenchReport {
             self.server_pg_us_per_event()
         )
     }
+}
+
+/// PostgreSQL's CPU in a phase: every backend of the phase's database, and the part of it spent
+/// by autovacuum workers (the tables grow by a million rows in a large run).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PgCpu {
+    pub total: Duration,
+    pub autovacuum: Duration,
 }
 
 fn per_event_us(cpu: Duration, events: usize) -> f64 {
@@ -271,6 +286,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
 
     eprintln!("service: draining the backlog with `history-service run`...");
     let service_db = databases.create("service").await?;
+    let server_config = server.config.clone();
     let drain = measure_service(
         settings,
         options,
@@ -294,16 +310,21 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
 
     eprintln!("ceiling: the batched statement alone...");
     let ceiling_db = databases.create("ceiling").await?;
-    let ceiling = measure_ceiling(&ceiling_db, &records, options).await?;
-    eprintln!("  {:.0} events/s", ceiling.per_second());
+    let (ceiling, ceiling_pg_cpu) = measure_ceiling(&server_config, &ceiling_db, &records, options).await?;
+    eprintln!(
+        "  {:.0} events/s, PostgreSQL {:.1} us per event",
+        ceiling.per_second(),
+        per_event_us(ceiling_pg_cpu.total, ceiling.events)
+    );
 
     eprintln!("server ceiling: a set-based insert with keys generated in the database...");
     let server_db = databases.create("server").await?;
-    let (server_ceiling, server_pg_cpu) = measure_server_ceiling(&server_db, options).await?;
+    let (server_ceiling, server_pg_cpu) =
+        measure_server_ceiling(&server_config, &server_db, options).await?;
     eprintln!(
         "  {:.0} events/s, PostgreSQL {:.1} us per event",
         server_ceiling.per_second(),
-        per_event_us(server_pg_cpu, server_ceiling.events)
+        per_event_us(server_pg_cpu.total, server_ceiling.events)
     );
 
     eprintln!("naive: one transaction and one offset commit per event...");
@@ -332,6 +353,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
         server_ceiling,
         service_pg_cpu: drain.pg_cpu,
         service_cpu: drain.service_cpu,
+        ceiling_pg_cpu,
         server_pg_cpu,
         naive,
         peak_rss_mb,
@@ -580,7 +602,7 @@ struct Drain {
     peak_rss_mb: f64,
     transactions: Transactions,
     /// CPU of PostgreSQL's backends serving the service's database, first fetch to the end.
-    pg_cpu: Duration,
+    pg_cpu: PgCpu,
     /// CPU of the service process, first fetch to the end.
     service_cpu: Duration,
 }
@@ -590,6 +612,7 @@ struct Drain {
 struct Backends {
     admin: tokio_postgres::Client,
     database: String,
+    autovacuum: std::collections::HashSet<u32>,
 }
 
 impl Backends {
@@ -602,21 +625,57 @@ impl Backends {
         Ok(Backends {
             admin: Database::plain(admin).connect().await?,
             database: database.get_dbname().unwrap_or_default().to_owned(),
+            autovacuum: Default::default(),
         })
     }
 
     /// The backends' CPU ticks now (none if the server cannot be seen from here).
-    async fn ticks(&self) -> Vec<(u32, u64)> {
-        let pids = self
+    async fn ticks(&mut self) -> Vec<(u32, u64)> {
+        let rows = self
             .admin
             .query(
-                "SELECT pid FROM pg_stat_activity WHERE datname = $1",
+                "SELECT pid, backend_type FROM pg_stat_activity WHERE datname = $1",
                 &[&self.database],
             )
             .await
-            .map(|rows| rows.iter().map(|row| row.get::<_, i32>(0) as u32).collect())
-            .unwrap_or_else(|_| Vec::new());
+            .unwrap_or_default();
+        let mut pids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let pid = row.get::<_, i32>(0) as u32;
+            if row
+                .get::<_, Option<&str>>(1)
+                .is_some_and(|kind| kind.starts_with("autovacuum"))
+            {
+                self.autovacuum.insert(pid);
+            }
+            pids.push(pid);
+        }
         super::cpu::read_ticks(pids)
+    }
+
+    fn cpu(&self, tally: &super::cpu::CpuTally) -> PgCpu {
+        PgCpu {
+            total: tally.spent(),
+            autovacuum: tally.spent_by(|pid| self.autovacuum.contains(&pid)),
+        }
+    }
+
+    /// Runs `work`, sampling the backends' CPU meanwhile (backends come and go: autovacuum
+    /// workers, lazily connected pools).
+    async fn during<F: std::future::Future>(&mut self, work: F) -> (F::Output, PgCpu) {
+        let mut tally = super::cpu::CpuTally::start(self.ticks().await);
+        futures::pin_mut!(work);
+        loop {
+            tokio::select! {
+                output = &mut work => {
+                    tally.record(self.ticks().await);
+                    return (output, self.cpu(&tally));
+                }
+                _ = actix_rt::time::sleep(Duration::from_millis(20)) => {
+                    tally.record(self.ticks().await);
+                }
+            }
+        }
     }
 }
 
@@ -631,7 +690,7 @@ async fn measure_service(
 ) -> Result<Drain, DevError> {
     use super::cpu::{CpuTally, process_ticks};
     let group = format!("bench-service-{run_id}");
-    let backends = Backends::connect(server, database).await?;
+    let mut backends = Backends::connect(server, database).await?;
     let mut child = ServiceChild::spawn(service_env(
         settings, options, brokers, database, &group, TOPIC,
     ))?;
@@ -677,7 +736,7 @@ async fn measure_service(
         .seen("first records fetched")
         .ok_or_else(|| DevError::Bench("the service never logged its first fetch".into()))?;
     let transactions = child.transactions();
-    let pg_cpu = pg_cpu.map_or(Duration::ZERO, |tally| tally.spent());
+    let pg_cpu = pg_cpu.map_or_else(PgCpu::default, |tally| backends.cpu(&tally));
     let service_cpu = service_cpu.map_or(Duration::ZERO, |tally| tally.spent());
     child.stop();
     Ok(Drain {
@@ -704,29 +763,22 @@ const SERVER_CEILING_STATEMENT: &str = "\
 /// The server-side ceiling: `options.writers` connections insert `options.events` events in
 /// total, `options.batch` per transaction. Returns the rate and the CPU of the backends.
 async fn measure_server_ceiling(
+    server: &tokio_postgres::Config,
     database: &tokio_postgres::Config,
     options: &BenchOptions,
-) -> Result<(Rate, Duration), DevError> {
-    use super::cpu::{CpuTally, process_ticks};
+) -> Result<(Rate, PgCpu), DevError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let db = Database::plain(database.clone());
     let mut client = db.connect().await?;
     migrate::run_migrations(&mut client).await?;
+    drop(client);
     let mut clients = Vec::with_capacity(options.writers);
-    let mut pids = Vec::with_capacity(options.writers);
     for _ in 0..options.writers.max(1) {
-        let client = db.connect().await?;
-        let pid: i32 = client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .map_err(crate::store::StoreError::from)?
-            .get(0);
-        pids.push(pid as u32);
-        clients.push(client);
+        clients.push(db.connect().await?);
     }
+    let mut backends = Backends::connect(server, database).await?;
     let remaining = Arc::new(AtomicUsize::new(options.events));
     let batch = options.batch.max(1);
-    let tally = CpuTally::start(super::cpu::read_ticks(pids.iter().copied()));
     let started = Instant::now();
     let workers: Vec<_> = clients
         .into_iter()
@@ -752,33 +804,33 @@ async fn measure_server_ceiling(
             })
         })
         .collect();
-    let mut inserted = 0;
-    for worker in workers {
-        inserted += worker
-            .await
-            .expect("server ceiling worker")
-            .map_err(crate::store::StoreError::from)?;
-    }
-    let elapsed = started.elapsed();
-    let mut tally = tally;
-    tally.record(
-        pids.iter()
-            .filter_map(|&pid| Some((pid, process_ticks(pid)?))),
-    );
+    let (inserted, cpu) = backends
+        .during(async {
+            let mut inserted = 0;
+            for worker in workers {
+                inserted += worker
+                    .await
+                    .expect("server ceiling worker")
+                    .map_err(crate::store::StoreError::from)?;
+            }
+            Ok::<usize, DevError>(inserted)
+        })
+        .await;
     Ok((
         Rate {
-            events: inserted,
-            elapsed,
+            events: inserted?,
+            elapsed: started.elapsed(),
         },
-        tally.spent(),
+        cpu,
     ))
 }
 
 async fn measure_ceiling(
+    server: &tokio_postgres::Config,
     database: &tokio_postgres::Config,
     records: &[PlannedRecord],
     options: &BenchOptions,
-) -> Result<Rate, DevError> {
+) -> Result<(Rate, PgCpu), DevError> {
     let db = Database::plain(database.clone());
     let mut client = db.connect().await?;
     migrate::run_migrations(&mut client).await?;
@@ -805,6 +857,7 @@ async fn measure_ceiling(
     }
     let events = Arc::new(events);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut backends = Backends::connect(server, database).await?;
     let started = Instant::now();
     let workers: Vec<_> = (0..writers)
         .map(|_| {
@@ -823,13 +876,22 @@ async fn measure_ceiling(
             })
         })
         .collect();
-    for worker in workers {
-        worker.await.expect("ceiling worker")?;
-    }
-    Ok(Rate {
-        events: records.len(),
-        elapsed: started.elapsed(),
-    })
+    let (done, cpu) = backends
+        .during(async {
+            for worker in workers {
+                worker.await.expect("ceiling worker")?;
+            }
+            Ok::<(), crate::store::StoreError>(())
+        })
+        .await;
+    done?;
+    Ok((
+        Rate {
+            events: records.len(),
+            elapsed: started.elapsed(),
+        },
+        cpu,
+    ))
 }
 
 async fn measure_naive(

@@ -73,6 +73,19 @@ impl CpuTally {
     pub fn spent(&self) -> Duration {
         ticks_to_duration(self.ticks(), ticks_per_second())
     }
+
+    /// Ticks spent since the start by the processes `which` selects.
+    pub fn ticks_of(&self, which: impl Fn(u32) -> bool) -> u64 {
+        self.latest
+            .iter()
+            .filter(|(pid, _)| which(**pid))
+            .map(|(pid, &ticks)| ticks.saturating_sub(self.baseline.get(pid).copied().unwrap_or(0)))
+            .sum()
+    }
+
+    pub fn spent_by(&self, which: impl Fn(u32) -> bool) -> Duration {
+        ticks_to_duration(self.ticks_of(which), ticks_per_second())
+    }
 }
 
 /// Reads the ticks of these processes, skipping those that cannot be read.
@@ -131,5 +144,7 @@ mod tests {
         assert_eq!(tally.ticks(), 60 + 5 + 9);
         tally.record([(12, 20)]);
         assert_eq!(tally.ticks(), 60 + 5 + 20);
+        assert_eq!(tally.ticks_of(|pid| pid == 12), 20);
+        assert_eq!(tally.ticks_of(|pid| pid != 12), 60 + 5);
     }
 }
