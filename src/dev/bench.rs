@@ -310,7 +310,8 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
 
     eprintln!("ceiling: the batched statement alone...");
     let ceiling_db = databases.create("ceiling").await?;
-    let (ceiling, ceiling_pg_cpu) = measure_ceiling(&server_config, &ceiling_db, &records, options).await?;
+    let (ceiling, ceiling_pg_cpu) =
+        measure_ceiling(&server_config, &ceiling_db, &records, options).await?;
     eprintln!(
         "  {:.0} events/s, PostgreSQL {:.1} us per event",
         ceiling.per_second(),
