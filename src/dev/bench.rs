@@ -6,6 +6,11 @@
 //!   Its peak resident memory is read from `/proc`.
 //! - **ceiling**: the same rows written to a fresh database by the batched statement alone, with
 //!   as many connections as the service has writers: no Kafka, no actors.
+//! - **server ceiling**: what PostgreSQL does with no client in the way — the same number of
+//!   events inserted by a set-based statement with keys generated in the database, in
+//!   transactions of a batch each, on as many connections.
+//! - **CPU per event**: PostgreSQL's backends serving the service's database and the service
+//!   process itself, from `/proc` (see [`super::cpu`]), for the drain and the server ceiling.
 //! - **naive**: an in-order consumer doing one transaction per event and a synchronous offset
 //!   commit after each — on a sample, since it is slow.
 //! - **latency**: produce → row committed, at a fixed offered load below saturation, observed
@@ -94,6 +99,15 @@ pub struct BenchReport {
     pub distinct_events: usize,
     pub service: Rate,
     pub ceiling: Rate,
+    pub server_ceiling: Rate,
+    /// CPU of PostgreSQL's backends serving the service during the drain.
+    pub service_pg_cpu: PgCpu,
+    /// CPU of the service process during the drain.
+    pub service_cpu: Duration,
+    /// CPU of PostgreSQL's backends serving the (client-side) ceiling.
+    pub ceiling_pg_cpu: PgCpu,
+    /// CPU of PostgreSQL's backends running the server ceiling.
+    pub server_pg_cpu: PgCpu,
     pub naive: Rate,
     pub peak_rss_mb: f64,
     pub transactions: Transactions,
@@ -127,6 +141,11 @@ impl BenchReport {
                 "batched statement alone, no Kafka, no actors",
             ),
             (
+                "server",
+                self.server_ceiling,
+                "set-based insert, keys generated in the database",
+            ),
+            (
                 "naive",
                 self.naive,
                 "one transaction and one offset commit per event",
@@ -143,6 +162,18 @@ impl BenchReport {
             "  service peak RSS {:.1} MB; database verified: {}\n",
             self.peak_rss_mb,
             if self.verified { "yes" } else { "NO" }
+        ));
+        out.push_str(&format!(
+            "  CPU per event: the service {:.1} us while it drains; PostgreSQL {:.1} us while the \
+             service drains, {:.1} us in the ceiling, {:.1} us in the server ceiling (of which \
+             autovacuum {:.1}, {:.1}, {:.1} us)\n",
+            self.service_us_per_event(),
+            self.pg_us_per_event(),
+            per_event_us(self.ceiling_pg_cpu.total, self.ceiling.events),
+            self.server_pg_us_per_event(),
+            per_event_us(self.service_pg_cpu.autovacuum, self.service.events),
+            per_event_us(self.ceiling_pg_cpu.autovacuum, self.ceiling.events),
+            per_event_us(self.server_pg_cpu.autovacuum, self.server_ceiling.events),
         ));
         out.push_str(&format!(
             "  service transactions: {}, {:.1} ms and {:.0} events each on average\n",
@@ -162,15 +193,29 @@ impl BenchReport {
         out
     }
 
+    fn pg_us_per_event(&self) -> f64 {
+        per_event_us(self.service_pg_cpu.total, self.service.events)
+    }
+
+    fn service_us_per_event(&self) -> f64 {
+        per_event_us(self.service_cpu, self.service.events)
+    }
+
+    fn server_pg_us_per_event(&self) -> f64 {
+        per_event_us(self.server_pg_cpu.total, self.server_ceiling.events)
+    }
+
     /// The machine-readable summary, the last line of the output.
     pub fn result_line(&self) -> String {
-        let (service, ceiling, naive) = (
+        let (service, ceiling, naive, server) = (
             self.service.per_second(),
             self.ceiling.per_second(),
             self.naive.per_second(),
+            self.server_ceiling.per_second(),
         );
         format!(
-            "RESULT events={} service_eps={:.0} ceiling_eps={:.0} naive_eps={:.0} ceiling_ratio={:.2} naive_ratio={:.1} peak_rss_mb={:.1} p99_ms={:.1}",
+            "RESULT events={} service_eps={:.0} ceiling_eps={:.0} naive_eps={:.0} ceiling_ratio={:.2} naive_ratio={:.1} peak_rss_mb={:.1} p99_ms={:.1} \
+             server_ceiling_eps={:.0} server_ratio={:.2} pg_us_per_event={:.1} service_us_per_event={:.1} server_pg_us_per_event={:.1}",
             self.options.events,
             service,
             ceiling,
@@ -178,9 +223,26 @@ impl BenchReport {
             service / ceiling.max(1e-9),
             service / naive.max(1e-9),
             self.peak_rss_mb,
-            self.latency.p99_ms
+            self.latency.p99_ms,
+            server,
+            service / server.max(1e-9),
+            self.pg_us_per_event(),
+            self.service_us_per_event(),
+            self.server_pg_us_per_event()
         )
     }
+}
+
+/// PostgreSQL's CPU in a phase: every backend of the phase's database, and the part of it spent
+/// by autovacuum workers (the tables grow by a million rows in a large run).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PgCpu {
+    pub total: Duration,
+    pub autovacuum: Duration,
+}
+
+fn per_event_us(cpu: Duration, events: usize) -> f64 {
+    cpu.as_secs_f64() * 1e6 / events.max(1) as f64
 }
 
 const TOPIC: &str = "bench.tickets";
@@ -224,8 +286,18 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
 
     eprintln!("service: draining the backlog with `history-service run`...");
     let service_db = databases.create("service").await?;
-    let (service, peak_rss_mb, transactions) =
-        measure_service(settings, options, &brokers, &service_db, &ends, &run_id).await?;
+    let server_config = server.config.clone();
+    let drain = measure_service(
+        settings,
+        options,
+        &brokers,
+        &server.config,
+        &service_db,
+        &ends,
+        &run_id,
+    )
+    .await?;
+    let (service, peak_rss_mb, transactions) = (drain.rate, drain.peak_rss_mb, drain.transactions);
     let verified = {
         let client = Database::plain(service_db.clone()).connect().await?;
         let report = verify::verify(&client, 5).await?;
@@ -238,8 +310,23 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
 
     eprintln!("ceiling: the batched statement alone...");
     let ceiling_db = databases.create("ceiling").await?;
-    let ceiling = measure_ceiling(&ceiling_db, &records, options).await?;
-    eprintln!("  {:.0} events/s", ceiling.per_second());
+    let (ceiling, ceiling_pg_cpu) =
+        measure_ceiling(&server_config, &ceiling_db, &records, options).await?;
+    eprintln!(
+        "  {:.0} events/s, PostgreSQL {:.1} us per event",
+        ceiling.per_second(),
+        per_event_us(ceiling_pg_cpu.total, ceiling.events)
+    );
+
+    eprintln!("server ceiling: a set-based insert with keys generated in the database...");
+    let server_db = databases.create("server").await?;
+    let (server_ceiling, server_pg_cpu) =
+        measure_server_ceiling(&server_config, &server_db, options).await?;
+    eprintln!(
+        "  {:.0} events/s, PostgreSQL {:.1} us per event",
+        server_ceiling.per_second(),
+        per_event_us(server_pg_cpu.total, server_ceiling.events)
+    );
 
     eprintln!("naive: one transaction and one offset commit per event...");
     let naive_db = databases.create("naive").await?;
@@ -264,6 +351,11 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
         distinct_events,
         service,
         ceiling,
+        server_ceiling,
+        service_pg_cpu: drain.pg_cpu,
+        service_cpu: drain.service_cpu,
+        ceiling_pg_cpu,
+        server_pg_cpu,
         naive,
         peak_rss_mb,
         transactions,
@@ -505,15 +597,101 @@ fn service_env(
     .collect()
 }
 
+/// What the drain came to.
+struct Drain {
+    rate: Rate,
+    peak_rss_mb: f64,
+    transactions: Transactions,
+    /// CPU of PostgreSQL's backends serving the service's database, first fetch to the end.
+    pg_cpu: PgCpu,
+    /// CPU of the service process, first fetch to the end.
+    service_cpu: Duration,
+}
+
+/// The backends connected to one database, found through `pg_stat_activity` from a session on
+/// another database (so the observer is not among them).
+struct Backends {
+    admin: tokio_postgres::Client,
+    database: String,
+    autovacuum: std::collections::HashSet<u32>,
+}
+
+impl Backends {
+    async fn connect(
+        server: &tokio_postgres::Config,
+        database: &tokio_postgres::Config,
+    ) -> Result<Self, DevError> {
+        let mut admin = server.clone();
+        admin.dbname("postgres");
+        Ok(Backends {
+            admin: Database::plain(admin).connect().await?,
+            database: database.get_dbname().unwrap_or_default().to_owned(),
+            autovacuum: Default::default(),
+        })
+    }
+
+    /// The backends' CPU ticks now (none if the server cannot be seen from here).
+    async fn ticks(&mut self) -> Vec<(u32, u64)> {
+        let rows = self
+            .admin
+            .query(
+                "SELECT pid, backend_type FROM pg_stat_activity WHERE datname = $1",
+                &[&self.database],
+            )
+            .await
+            .unwrap_or_default();
+        let mut pids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let pid = row.get::<_, i32>(0) as u32;
+            if row
+                .get::<_, Option<&str>>(1)
+                .is_some_and(|kind| kind.starts_with("autovacuum"))
+            {
+                self.autovacuum.insert(pid);
+            }
+            pids.push(pid);
+        }
+        super::cpu::read_ticks(pids)
+    }
+
+    fn cpu(&self, tally: &super::cpu::CpuTally) -> PgCpu {
+        PgCpu {
+            total: tally.spent(),
+            autovacuum: tally.spent_by(|pid| self.autovacuum.contains(&pid)),
+        }
+    }
+
+    /// Runs `work`, sampling the backends' CPU meanwhile (backends come and go: autovacuum
+    /// workers, lazily connected pools).
+    async fn during<F: std::future::Future>(&mut self, work: F) -> (F::Output, PgCpu) {
+        let mut tally = super::cpu::CpuTally::start(self.ticks().await);
+        futures::pin_mut!(work);
+        loop {
+            tokio::select! {
+                output = &mut work => {
+                    tally.record(self.ticks().await);
+                    return (output, self.cpu(&tally));
+                }
+                _ = actix_rt::time::sleep(Duration::from_millis(20)) => {
+                    tally.record(self.ticks().await);
+                }
+            }
+        }
+    }
+}
+
 async fn measure_service(
     settings: &Settings,
     options: &BenchOptions,
     brokers: &str,
+    server: &tokio_postgres::Config,
     database: &tokio_postgres::Config,
     ends: &[i64],
     run_id: &str,
-) -> Result<(Rate, f64, Transactions), DevError> {
+) -> Result<Drain, DevError> {
+    use super::cpu::{CpuTally, process_ticks};
     let group = format!("bench-service-{run_id}");
+    let mut backends = Backends::connect(server, database).await?;
     let mut child = ServiceChild::spawn(service_env(
         settings, options, brokers, database, &group, TOPIC,
     ))?;
@@ -521,9 +699,27 @@ async fn measure_service(
     let deadline = Instant::now() + options.timeout;
     let expected: Vec<Option<i64>> = ends.iter().map(|&e| (e > 0).then_some(e)).collect();
     let mut peak = 0.0f64;
+    // Both tallies start when the first fetch is seen: the start-up (migrations, joining the
+    // group) is not the drain. Backends connected later count whole.
+    let mut pg_cpu: Option<CpuTally> = None;
+    let mut service_cpu: Option<CpuTally> = None;
+    let child_pid = child.child.id();
     let finished = loop {
         actix_rt::time::sleep(Duration::from_millis(20)).await;
         peak = peak.max(child.peak_rss_mb());
+        let backend_ticks = backends.ticks().await;
+        let child_ticks = process_ticks(child_pid).map(|ticks| (child_pid, ticks));
+        match (&mut pg_cpu, &mut service_cpu) {
+            (Some(pg), Some(service)) => {
+                pg.record(backend_ticks);
+                service.record(child_ticks);
+            }
+            _ if child.seen("first records fetched").is_some() => {
+                pg_cpu = Some(CpuTally::start(backend_ticks));
+                service_cpu = Some(CpuTally::start(child_ticks));
+            }
+            _ => {}
+        }
         if child.exited() || Instant::now() > deadline {
             let tail = child.log_tail();
             child.stop();
@@ -541,22 +737,101 @@ async fn measure_service(
         .seen("first records fetched")
         .ok_or_else(|| DevError::Bench("the service never logged its first fetch".into()))?;
     let transactions = child.transactions();
+    let pg_cpu = pg_cpu.map_or_else(PgCpu::default, |tally| backends.cpu(&tally));
+    let service_cpu = service_cpu.map_or(Duration::ZERO, |tally| tally.spent());
     child.stop();
-    Ok((
-        Rate {
+    Ok(Drain {
+        rate: Rate {
             events: options.events,
             elapsed: finished - started,
         },
-        peak,
+        peak_rss_mb: peak,
         transactions,
+        pg_cpu,
+        service_cpu,
+    })
+}
+
+/// The statement of the server-side ceiling: `$1` events with random keys, generated in the
+/// database (real event ids are random), claimed in the inbox and recorded in one statement.
+const SERVER_CEILING_STATEMENT: &str = "\
+    WITH i AS (INSERT INTO inbox (event_id) \
+               SELECT 'ev-' || md5(random()::text) FROM generate_series(1, $1::int) \
+               ON CONFLICT (event_id) DO NOTHING RETURNING event_id) \
+    INSERT INTO history_events \
+    SELECT event_id, 'ticket-1', 'open', 'resolved', '2026-10-03T08:00:00Z' FROM i";
+
+/// The server-side ceiling: `options.writers` connections insert `options.events` events in
+/// total, `options.batch` per transaction. Returns the rate and the CPU of the backends.
+async fn measure_server_ceiling(
+    server: &tokio_postgres::Config,
+    database: &tokio_postgres::Config,
+    options: &BenchOptions,
+) -> Result<(Rate, PgCpu), DevError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let db = Database::plain(database.clone());
+    let mut client = db.connect().await?;
+    migrate::run_migrations(&mut client).await?;
+    drop(client);
+    let mut clients = Vec::with_capacity(options.writers);
+    for _ in 0..options.writers.max(1) {
+        clients.push(db.connect().await?);
+    }
+    let mut backends = Backends::connect(server, database).await?;
+    let remaining = Arc::new(AtomicUsize::new(options.events));
+    let batch = options.batch.max(1);
+    let started = Instant::now();
+    let workers: Vec<_> = clients
+        .into_iter()
+        .map(|client| {
+            let remaining = remaining.clone();
+            tokio::spawn(async move {
+                let statement = client.prepare(SERVER_CEILING_STATEMENT).await?;
+                let mut inserted = 0usize;
+                loop {
+                    let claimed = remaining
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                            left.checked_sub(batch.min(left)).filter(|_| left > 0)
+                        })
+                        .map_or(0, |left| batch.min(left));
+                    if claimed == 0 {
+                        return Ok::<usize, tokio_postgres::Error>(inserted);
+                    }
+                    client.batch_execute("BEGIN").await?;
+                    let count = client.execute(&statement, &[&(claimed as i32)]).await?;
+                    client.batch_execute("COMMIT").await?;
+                    inserted += count as usize;
+                }
+            })
+        })
+        .collect();
+    let (inserted, cpu) = backends
+        .during(async {
+            let mut inserted = 0;
+            for worker in workers {
+                inserted += worker
+                    .await
+                    .expect("server ceiling worker")
+                    .map_err(crate::store::StoreError::from)?;
+            }
+            Ok::<usize, DevError>(inserted)
+        })
+        .await;
+    Ok((
+        Rate {
+            events: inserted?,
+            elapsed: started.elapsed(),
+        },
+        cpu,
     ))
 }
 
 async fn measure_ceiling(
+    server: &tokio_postgres::Config,
     database: &tokio_postgres::Config,
     records: &[PlannedRecord],
     options: &BenchOptions,
-) -> Result<Rate, DevError> {
+) -> Result<(Rate, PgCpu), DevError> {
     let db = Database::plain(database.clone());
     let mut client = db.connect().await?;
     migrate::run_migrations(&mut client).await?;
@@ -580,6 +855,7 @@ async fn measure_ceiling(
     }
     let events = Arc::new(events);
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut backends = Backends::connect(server, database).await?;
     let started = Instant::now();
     let workers: Vec<_> = (0..writers)
         .map(|_| {
@@ -598,13 +874,22 @@ async fn measure_ceiling(
             })
         })
         .collect();
-    for worker in workers {
-        worker.await.expect("ceiling worker")?;
-    }
-    Ok(Rate {
-        events: records.len(),
-        elapsed: started.elapsed(),
-    })
+    let (done, cpu) = backends
+        .during(async {
+            for worker in workers {
+                worker.await.expect("ceiling worker")?;
+            }
+            Ok::<(), crate::store::StoreError>(())
+        })
+        .await;
+    done?;
+    Ok((
+        Rate {
+            events: records.len(),
+            elapsed: started.elapsed(),
+        },
+        cpu,
+    ))
 }
 
 async fn measure_naive(

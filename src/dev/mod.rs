@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod broker;
+pub mod cpu;
 pub mod demo;
 pub mod faults;
 pub mod group;

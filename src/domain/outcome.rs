@@ -78,6 +78,32 @@ pub trait HistoryTransaction: Send {
         events: &[&HistoryEvent],
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
+    /// Claims the markers of events with distinct ids and inserts the history rows of those it
+    /// claimed; returns, in input order, whether each marker was claimed by this call.
+    ///
+    /// By default [`try_inbox_batch`](Self::try_inbox_batch) then, if anything was claimed,
+    /// [`save_history_batch`](Self::save_history_batch). A repository may do both in one
+    /// statement instead (one round trip; a statement is atomic by itself).
+    fn claim_and_save_batch(
+        &mut self,
+        events: &[&HistoryEvent],
+    ) -> impl Future<Output = Result<Vec<bool>, Self::Error>> + Send {
+        async move {
+            let ids: Vec<&str> = events.iter().map(|event| event.event_id.as_str()).collect();
+            let inserted = self.try_inbox_batch(&ids).await?;
+            let new_events: Vec<&HistoryEvent> = events
+                .iter()
+                .zip(&inserted)
+                .filter(|&(_, &is_new)| is_new)
+                .map(|(&event, _)| event)
+                .collect();
+            if !new_events.is_empty() {
+                self.save_history_batch(&new_events).await?;
+            }
+            Ok(inserted)
+        }
+    }
+
     fn commit(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     fn rollback(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
@@ -150,19 +176,16 @@ async fn run_batch<T: HistoryTransaction>(
     tx: &mut T,
     plan: &BatchPlan<'_>,
 ) -> Result<BatchCommit, T::Error> {
-    let inserted = tx.try_inbox_batch(&plan.distinct_ids).await?;
-    let new_events: Vec<&HistoryEvent> = plan
+    let firsts: Vec<&HistoryEvent> = plan
         .first_of_id
         .iter()
-        .zip(&inserted)
-        .filter(|&(_, &is_new)| is_new)
-        .map(|(&index, _)| plan.events[index])
+        .map(|&index| plan.events[index])
         .collect();
+    let inserted = tx.claim_and_save_batch(&firsts).await?;
     let resolutions = plan.resolutions(&inserted);
-    if new_events.is_empty() {
+    if !inserted.contains(&true) {
         return Ok(BatchCommit::NothingNew(resolutions));
     }
-    tx.save_history_batch(&new_events).await?;
     tx.commit().await?;
     Ok(BatchCommit::Committed(resolutions))
 }
@@ -170,33 +193,29 @@ async fn run_batch<T: HistoryTransaction>(
 /// Which input events carry the first occurrence of each `event_id`.
 struct BatchPlan<'a> {
     events: &'a [&'a HistoryEvent],
-    /// Distinct ids, in order of first occurrence.
-    distinct_ids: Vec<&'a str>,
     /// For each distinct id, the index of the event that first carried it.
     first_of_id: Vec<usize>,
-    /// For each input event, the index of its id in `distinct_ids`.
+    /// For each input event, the index of its id among the distinct ids (in order of first
+    /// occurrence).
     id_slot: Vec<usize>,
 }
 
 impl<'a> BatchPlan<'a> {
     fn new(events: &'a [&'a HistoryEvent]) -> Self {
         let mut slots: HashMap<&str, usize> = HashMap::with_capacity(events.len());
-        let mut distinct_ids = Vec::with_capacity(events.len());
         let mut first_of_id = Vec::with_capacity(events.len());
         let id_slot = events
             .iter()
             .enumerate()
             .map(|(index, event)| {
                 *slots.entry(event.event_id.as_str()).or_insert_with(|| {
-                    distinct_ids.push(event.event_id.as_str());
                     first_of_id.push(index);
-                    distinct_ids.len() - 1
+                    first_of_id.len() - 1
                 })
             })
             .collect();
         BatchPlan {
             events,
-            distinct_ids,
             first_of_id,
             id_slot,
         }

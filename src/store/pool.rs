@@ -108,6 +108,7 @@ pub struct Statements {
     pub save_history: Statement,
     pub try_inbox_batch: Statement,
     pub save_history_batch: Statement,
+    pub claim_and_save_batch: Statement,
     pub insert_dead_letters: Statement,
     pub load_history: Statement,
     pub load_dead_letter_payloads: Statement,
@@ -120,6 +121,7 @@ impl Statements {
             save_history,
             try_inbox_batch,
             save_history_batch,
+            claim_and_save_batch,
             insert_dead_letters,
             load_history,
             load_dead_letter_payloads,
@@ -145,6 +147,22 @@ impl Statements {
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], \
                  $5::timestamptz[])"
             ),
+            // A batch in one statement: the markers claimed (sorted, as above), and the rows of
+            // the events whose marker was claimed, in key order too (neighbouring index pages
+            // are touched one after another). The foreign key is checked at the end of the
+            // statement, when the markers are there.
+            client.prepare(
+                "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
+                 $4::text[], $5::timestamptz[]) \
+                 AS input(event_id, ticket_id, from_status, to_status, changed_at)), \
+                 claimed AS (INSERT INTO inbox (event_id) \
+                 SELECT event_id FROM input ORDER BY event_id \
+                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id) \
+                 INSERT INTO history_events \
+                 (event_id, ticket_id, from_status, to_status, changed_at) \
+                 SELECT input.* FROM input JOIN claimed USING (event_id) ORDER BY event_id \
+                 RETURNING event_id"
+            ),
             client.prepare(
                 "INSERT INTO dead_letters (topic, partition, \"offset\", record_key, payload, \
                  reason_code, reason, field, record_timestamp) \
@@ -168,6 +186,7 @@ impl Statements {
             save_history,
             try_inbox_batch,
             save_history_batch,
+            claim_and_save_batch,
             insert_dead_letters,
             load_history,
             load_dead_letter_payloads,
@@ -192,6 +211,10 @@ enum Manager {
 /// events behind conflict detection did: 20 ms per batch at 200,000). It is a startup option
 /// rather than a `SET`: a `SET` issued inside a transaction is undone by its rollback (a first
 /// batch of only duplicates is rolled back), and no code path can lose a startup option.
+///
+/// The one exception is the batch transaction ([`super::repository::BATCH_TRANSACTION`]): it
+/// sets `auto` for itself alone, because the setting also makes PostgreSQL re-plan the
+/// foreign-key check it runs for every history row, and that statement's plan never changes.
 pub const PLAN_CACHE_OPTION: &str = "-c plan_cache_mode=force_custom_plan";
 
 /// `config` with [`PLAN_CACHE_OPTION`] added to whatever options the URL already gives.

@@ -14,7 +14,7 @@ fn a_small_benchmark_runs_every_phase_and_prints_its_result_line() {
         .args([
             "bench",
             "--events",
-            "3000",
+            "20000",
             "--partitions",
             "4",
             "--naive-events",
@@ -50,8 +50,13 @@ fn a_small_benchmark_runs_every_phase_and_prints_its_result_line() {
         "naive_ratio",
         "peak_rss_mb",
         "p99_ms",
+        "server_ceiling_eps",
+        "server_ratio",
+        "pg_us_per_event",
+        "service_us_per_event",
+        "server_pg_us_per_event",
     ] {
         assert!(fields.get(key).is_some_and(|v| *v > 0.0), "{key} in {last}");
     }
-    assert_eq!(fields["events"], 3000.0);
+    assert_eq!(fields["events"], 20000.0);
 }

@@ -310,3 +310,47 @@ async fn a_batch_whose_commit_fails_is_unknown_for_every_event_and_leaves_nothin
         vec![Resolution::Applied]
     );
 }
+
+#[actix_rt::test]
+async fn a_batch_reuses_cached_plans_inside_its_transaction_and_the_session_keeps_planning_afresh()
+{
+    let db = TestDb::migrated().await;
+    // What the foreign-key checks of the batch run under, seen from a trigger on its rows.
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE seen_setting (value text);
+             CREATE FUNCTION record_setting() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO seen_setting VALUES (current_setting('plan_cache_mode'));
+             RETURN NULL; END $$;
+             CREATE TRIGGER record_setting AFTER INSERT ON history_events
+             FOR EACH STATEMENT EXECUTE FUNCTION record_setting();",
+        )
+        .await
+        .unwrap();
+    let pool = db.pool(1);
+    let repo = PgHistoryRepository::new(pool.clone());
+    let (a, b) = (seed_900(), seed_901());
+    assert_eq!(
+        process_history_batch(&repo, &[&a, &b]).await.unwrap(),
+        vec![Resolution::Applied, Resolution::Applied]
+    );
+    let seen: Vec<String> = db
+        .client()
+        .await
+        .query("SELECT value FROM seen_setting", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(seen, ["auto"]);
+    // The same (only) connection afterwards: the setting ended with the transaction.
+    let conn = pool.get().await.unwrap();
+    let row = conn
+        .client
+        .query_one("SHOW plan_cache_mode", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, &str>(0), "force_custom_plan");
+}
