@@ -72,6 +72,10 @@ pub struct SupervisorContext {
     /// The newest position the broker confirmed per partition. Held while a commit is under
     /// way, so commits from the three paths never interleave.
     ledger: Mutex<CommitLedger>,
+    /// Set once the final commit is done and the consumer is being closed: the revoke that
+    /// closing serves must not wait for the actors, which may be stopping (or waiting for the
+    /// thread that closes the consumer).
+    closing: AtomicBool,
     /// Client errors, aggregated (the supervisor logs the consumer's errors through it too).
     errors: ClientErrorLog,
 }
@@ -93,6 +97,7 @@ impl SupervisorContext {
             next_epoch: AtomicU64::new(1),
             joined,
             ledger: Mutex::new(CommitLedger::default()),
+            closing: AtomicBool::new(false),
             errors: ClientErrorLog::default(),
         }
     }
@@ -211,8 +216,22 @@ impl SupervisorContext {
         }
     }
 
+    /// The final commit is done: what the consumer's close revokes is released as it is.
+    pub fn closing(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+    }
+
     fn revoke(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
         let partitions = self.epochs_of(tpl);
+        if self.closing.load(Ordering::Relaxed) {
+            debug!(partitions = ?names(&partitions), "partitions released at close");
+            self.forget(&partitions);
+            self.push(RebalanceEvent::Revoked {
+                partitions,
+                lost: false,
+            });
+            return;
+        }
         if consumer.assignment_lost() {
             warn!(partitions = ?names(&partitions), "assignment lost: nothing is committed");
             self.stats.rebalance("lost");
