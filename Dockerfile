@@ -41,14 +41,19 @@ WORKDIR /build
 # sources, so that editing src/ does not rebuild them. It is only invalidated when Cargo.toml
 # or Cargo.lock change. The stubs mirror the manifest's targets: [lib] src/lib.rs, [[bin]]
 # src/main.rs and the two [[bench]] files (cargo rejects a manifest whose target files are
-# missing, even when it does not build them). Keep this list in step with Cargo.toml.
+# missing, even when it does not build them). Keep this list in step with Cargo.toml. The
+# development kit (devkit/, the workspace's second member) is never built into the image, but
+# its manifest and stub targets must exist for cargo to load the workspace.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src benches \
+COPY devkit/Cargo.toml ./devkit/Cargo.toml
+RUN mkdir -p src benches devkit/src \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
     && echo 'fn main() {}' > benches/decode.rs \
     && echo 'fn main() {}' > benches/offset_window.rs \
-    && cargo build --release --locked \
+    && echo 'fn main() {}' > devkit/src/main.rs \
+    && touch devkit/src/lib.rs \
+    && cargo build --release --locked -p history-service \
     && rm -rf src
 
 # The real sources. Besides src/, the crate embeds config/default.toml (include_str!) and the
@@ -59,7 +64,7 @@ COPY migrations ./migrations
 # COPY keeps the files' own modification times, which may be older than the stub build's
 # artifacts; touch them so cargo rebuilds the crate itself (dependencies stay cached).
 RUN touch src/main.rs src/lib.rs \
-    && cargo build --release --locked \
+    && cargo build --release --locked -p history-service \
     && cp target/release/history-service /usr/local/bin/history-service
 
 # --------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How throughput changes with writers, batch size and partitions: runs `history-service bench`
+# How throughput changes with writers, batch size and partitions: runs `history-dev bench`
 # (release build) once per setting and prints one RESULT line each, for docs/benchmarks.md.
 #
 #   scripts/bench-sweep.sh                 # 200,000 records per run
@@ -7,13 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-postgres.sh
-cargo build --release --locked
+cargo build --release --locked --workspace
 events="${EVENTS:-200000}"
 log=target/bench-sweep.log
 : >"$log"
 run() {
   printf '%-34s ' "$*"
-  if ! target/release/history-service bench --events "$events" --naive-events 300 \
+  if ! target/release/history-dev bench --events "$events" --naive-events 300 \
     --latency-seconds 2 "$@" 2>>"$log" | tail -n 1; then
     echo "FAILED (see $log)"
   fi

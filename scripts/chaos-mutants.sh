@@ -28,7 +28,7 @@ for patch in scripts/mutants/*.patch; do
   log="$CARGO_TARGET_DIR/mutant-$name.log"
   (cd "$work" && git checkout -q -- . && git apply "$root/$patch")
   echo "== mutant $name (log: $log)"
-  if (cd "$work" && cargo test --test chaos kills_database -- --nocapture) >"$log" 2>&1; then
+  if (cd "$work" && cargo build --workspace --bins && cargo test --test chaos kills_database -- --nocapture) >"$log" 2>&1; then
     echo "   SURVIVED: the chaos test passed with this rule broken"
     survivors=$((survivors + 1))
   elif grep -q "violations\|events lost\|events recorded twice" "$log"; then

@@ -8,4 +8,7 @@ cd "$(dirname "$0")/.."
 if [ -z "${HISTORY_TEST_DATABASE_URL:-}" ]; then
   scripts/ensure-postgres.sh
 fi
-cargo test --locked "$@"
+# The tests drive both binaries (history-service, and history-dev for the demo, the bench and
+# the embedded broker): build them first.
+cargo build --locked --workspace --bins
+cargo test --locked --workspace "$@"

@@ -37,18 +37,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service: consume the configured topics in the consumer group and record every
-    /// event exactly once in effect. Stops gracefully on SIGINT or SIGTERM.
+    /// event exactly once in effect. Stops gracefully on SIGTERM, SIGINT or SIGHUP.
     Run,
-    /// Run the whole service on embedded defaults: an embedded broker, the configured
-    /// PostgreSQL (or a throwaway one), the seed scenario and a generated stream, then a report.
-    Demo(DemoArgs),
-    /// Measure throughput, memory and latency: the service draining a backlog, against the
-    /// batched statement alone (PostgreSQL's ceiling) and a naive consumer. Prints a table and a
-    /// last line `RESULT events=... service_eps=... ceiling_ratio=... p99_ms=...`.
-    Bench(BenchArgs),
-    /// Run an embedded Kafka-protocol broker (librdkafka's mock cluster) for local development.
-    /// Prints `bootstrap.servers=HOST:PORT` as its first line; runs until SIGINT or SIGTERM.
-    DevKafka(DevKafkaArgs),
     /// Inspect and replay dead letters: records that could not be decoded.
     #[command(subcommand)]
     DeadLetters(DeadLettersCommand),
@@ -138,67 +128,6 @@ impl DeadLetterSelection {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct DemoArgs {
-    /// Generated records after the three seed records.
-    #[arg(long, default_value_t = 20_000)]
-    pub events: usize,
-    /// Partitions of the demo topic.
-    #[arg(long, default_value_t = 3)]
-    pub partitions: i32,
-    /// Fraction of generated records that redeliver an earlier event.
-    #[arg(long, default_value_t = 0.1)]
-    pub duplicates: f64,
-    /// Fraction of generated records that are poison (dead-lettered).
-    #[arg(long, default_value_t = 0.0005)]
-    pub poison: f64,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct BenchArgs {
-    /// Records in the backlog (duplicates included).
-    #[arg(long, default_value_t = 100_000)]
-    pub events: usize,
-    /// Partitions of the backlog's topic. The embedded broker keeps 5 MiB per partition, about
-    /// 25,000 records: use at least events / 20,000.
-    #[arg(long, default_value_t = 24)]
-    pub partitions: i32,
-    /// Fraction of records that redeliver an earlier event.
-    #[arg(long, default_value_t = 0.1)]
-    pub duplicates: f64,
-    /// DB writers of the service, and connections of the ceiling (default: pipeline.writers).
-    #[arg(long)]
-    pub writers: Option<usize>,
-    /// Events per transaction (default: pipeline.batch_max_events).
-    #[arg(long)]
-    pub batch: Option<usize>,
-    /// Records the naive consumer processes; its rate is measured on this sample.
-    #[arg(long, default_value_t = 2000)]
-    pub naive_events: usize,
-    /// Offered load of the latency measurement, events per second.
-    #[arg(long, default_value_t = 2000)]
-    pub latency_rate: u32,
-    /// Duration of the latency measurement, seconds.
-    #[arg(long, default_value_t = 10)]
-    pub latency_seconds: u64,
-    /// Keep the benchmark's databases (history_bench_*) instead of dropping them.
-    #[arg(long)]
-    pub keep_databases: bool,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct DevKafkaArgs {
-    /// Topic to create.
-    #[arg(long, default_value = "tickets.status.v1")]
-    pub topic: String,
-    /// Partitions of the topic.
-    #[arg(long, default_value_t = 3)]
-    pub partitions: i32,
-    /// Brokers in the cluster.
-    #[arg(long, default_value_t = 1)]
-    pub brokers: i32,
-}
-
-#[derive(Debug, clap::Args)]
 pub struct MigrateArgs {
     /// Create the configured database first if it does not exist.
     #[arg(long)]
@@ -222,30 +151,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut log = settings.log.clone();
-    if matches!(cli.command, Command::Demo(_) | Command::Bench(_))
-        && std::env::var_os("RUST_LOG").is_none()
-    {
-        // The demo prints its own progress and report; only warnings (poison records, retries)
-        // are worth interleaving with them.
-        log.filter = "warn".to_owned();
-    }
-    crate::telemetry::init(&log);
+    crate::telemetry::init(&settings.log);
     let runtime = actix_rt::System::new();
     let result = match cli.command {
         Command::Run => runtime.block_on(run_service(&settings)),
-        Command::Demo(args) => runtime.block_on(run_demo(&settings, &args)),
-        Command::Bench(args) => runtime.block_on(run_bench(&settings, &args)),
-        Command::DevKafka(args) => runtime.block_on(async {
-            crate::dev::dev_kafka(
-                &args.topic,
-                args.partitions,
-                args.brokers,
-                crate::app::shutdown_signal(),
-            )
-            .await?;
-            Ok(ExitCode::SUCCESS)
-        }),
         Command::DeadLetters(command) => runtime.block_on(run_dead_letters(&settings, &command)),
         Command::Migrate(args) => runtime.block_on(run_migrate(&settings, &args)),
         Command::Verify(args) => runtime.block_on(run_verify(&settings, &args)),
@@ -273,27 +182,6 @@ async fn run_service(settings: &Settings) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(EXIT_STOPPED_WITH_LEFTOVERS)
     })
-}
-
-async fn run_demo(settings: &Settings, args: &DemoArgs) -> anyhow::Result<ExitCode> {
-    let options = crate::dev::demo::DemoOptions {
-        records: args.events,
-        partitions: args.partitions,
-        duplicates: args.duplicates,
-        poison: args.poison,
-        ..Default::default()
-    };
-    let report = crate::dev::demo::run(settings, &options)
-        .await
-        .context("demo failed")?;
-    print!("{}", report.render(&options.topic));
-    if report.is_correct() {
-        println!("OK: every event recorded once, every poison record kept, every offset committed");
-        Ok(ExitCode::SUCCESS)
-    } else {
-        println!("FAILED: the run did not meet the promise (see above)");
-        Ok(ExitCode::from(1))
-    }
 }
 
 async fn run_dead_letters(
@@ -449,30 +337,6 @@ fn preview(payload: Option<&[u8]>) -> String {
             }
         }
     }
-}
-
-async fn run_bench(settings: &Settings, args: &BenchArgs) -> anyhow::Result<ExitCode> {
-    let options = crate::dev::bench::BenchOptions {
-        events: args.events,
-        partitions: args.partitions,
-        duplicates: args.duplicates,
-        writers: args.writers.unwrap_or(settings.pipeline.writers),
-        batch: args.batch.unwrap_or(settings.pipeline.batch_max_events),
-        naive_events: args.naive_events,
-        latency_rate: args.latency_rate,
-        latency_seconds: args.latency_seconds,
-        keep_databases: args.keep_databases,
-        ..Default::default()
-    };
-    let report = crate::dev::bench::run(settings, &options)
-        .await
-        .context("benchmark failed")?;
-    print!("{}", report.render());
-    Ok(if report.verified {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
 }
 
 async fn run_migrate(settings: &Settings, args: &MigrateArgs) -> anyhow::Result<ExitCode> {

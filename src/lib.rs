@@ -17,7 +17,6 @@ pub mod actors;
 pub mod app;
 pub mod cli;
 pub mod config;
-pub mod dev;
 pub mod domain;
 pub mod health;
 pub mod http;

@@ -1,4 +1,4 @@
-//! `history-service bench`: how fast the service drains a backlog, against what PostgreSQL
+//! `history-dev bench`: how fast the service drains a backlog, against what PostgreSQL
 //! itself allows and against what a naive consumer does, on the same generated records.
 //!
 //! - **service**: the real binary (`run`, a child process) drains a backlog from the embedded
@@ -32,9 +32,9 @@ use super::DevError;
 use super::broker::EmbeddedBroker;
 use super::group::GroupInspector;
 use super::workload::{self, PlannedRecord, WorkloadSpec};
-use crate::config::Settings;
-use crate::domain::{HistoryEvent, Outcome, process_history_batch, process_history_once};
-use crate::store::{Database, PgHistoryRepository, migrate, verify};
+use history_service::config::Settings;
+use history_service::domain::{HistoryEvent, Outcome, process_history_batch, process_history_once};
+use history_service::store::{Database, PgHistoryRepository, migrate, verify};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -120,7 +120,7 @@ impl BenchReport {
     pub fn render(&self) -> String {
         let o = &self.options;
         let mut out = format!(
-            "history-service bench: {} records ({:.0}% duplicates, {} distinct events), {} partitions, {} writers, batches of {}\n",
+            "history-dev bench: {} records ({:.0}% duplicates, {} distinct events), {} partitions, {} writers, batches of {}\n",
             o.events,
             o.duplicates * 100.0,
             self.distinct_events,
@@ -458,8 +458,7 @@ impl ServiceChild {
             .iter()
             .find(|(key, _)| key == "HISTORY__HTTP__LISTEN")
             .and_then(|(_, listen)| listen.rsplit_once(':')?.1.parse().ok());
-        let exe = std::env::current_exe()
-            .map_err(|err| DevError::Bench(format!("cannot find my own binary: {err}")))?;
+        let exe = service_binary()?;
         let mut child = Command::new(exe)
             .arg("run")
             .envs(env)
@@ -812,7 +811,7 @@ async fn measure_server_ceiling(
                 inserted += worker
                     .await
                     .expect("server ceiling worker")
-                    .map_err(crate::store::StoreError::from)?;
+                    .map_err(history_service::store::StoreError::from)?;
             }
             Ok::<usize, DevError>(inserted)
         })
@@ -849,7 +848,7 @@ async fn measure_ceiling(
             let mut conn = pool.get_owned().await?;
             conn.statements()
                 .await
-                .map_err(crate::store::StoreError::from)?;
+                .map_err(history_service::store::StoreError::from)?;
             warm.push(conn);
         }
     }
@@ -865,7 +864,7 @@ async fn measure_ceiling(
                 loop {
                     let start = next.fetch_add(batch, std::sync::atomic::Ordering::Relaxed);
                     if start >= events.len() {
-                        return Ok::<(), crate::store::StoreError>(());
+                        return Ok::<(), history_service::store::StoreError>(());
                     }
                     let end = (start + batch).min(events.len());
                     let refs: Vec<&HistoryEvent> = events[start..end].iter().collect();
@@ -879,7 +878,7 @@ async fn measure_ceiling(
             for worker in workers {
                 worker.await.expect("ceiling worker")?;
             }
-            Ok::<(), crate::store::StoreError>(())
+            Ok::<(), history_service::store::StoreError>(())
         })
         .await;
     done?;
@@ -957,7 +956,7 @@ async fn measure_latency(
              FOR EACH ROW EXECUTE FUNCTION bench_notify();",
         )
         .await
-        .map_err(crate::store::StoreError::from)?;
+        .map_err(history_service::store::StoreError::from)?;
     let committed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let listener = listen(database, committed.clone()).await?;
 
@@ -1029,7 +1028,7 @@ async fn listen(
     let (client, mut connection) = database
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(crate::store::StoreError::from)?;
+        .map_err(history_service::store::StoreError::from)?;
     let handle = tokio::spawn(async move {
         let client = client;
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -1115,4 +1114,24 @@ pub struct Transactions {
     pub count: u64,
     pub mean_ms: f64,
     pub mean_events: f64,
+}
+
+/// The production binary the benchmark drives: `history-service`, beside `history-dev` (both
+/// built by `cargo build --release --workspace`), or the path in `HISTORY_SERVICE_BIN`.
+fn service_binary() -> Result<std::path::PathBuf, DevError> {
+    if let Some(path) = std::env::var_os("HISTORY_SERVICE_BIN") {
+        return Ok(path.into());
+    }
+    let me = std::env::current_exe()
+        .map_err(|err| DevError::Bench(format!("cannot find my own binary: {err}")))?;
+    let beside = me.with_file_name("history-service");
+    if beside.is_file() {
+        Ok(beside)
+    } else {
+        Err(DevError::Bench(format!(
+            "{} not found: build both binaries with `cargo build --release --workspace` (or \
+             set HISTORY_SERVICE_BIN)",
+            beside.display()
+        )))
+    }
 }

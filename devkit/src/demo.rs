@@ -1,4 +1,4 @@
-//! `history-service demo`: the whole service on embedded defaults. An embedded broker, the
+//! `history-dev demo`: the whole service on embedded defaults. An embedded broker, the
 //! configured PostgreSQL (or a throwaway one), the seed scenario followed by a generated stream
 //! with duplicates and a few poison records, the real pipeline, and a report.
 
@@ -11,10 +11,10 @@ use super::DevError;
 use super::broker::EmbeddedBroker;
 use super::group::GroupInspector;
 use super::workload::{self, RecordKind, WorkloadSpec};
-use crate::app::{self, RunHandles};
-use crate::config::Settings;
-use crate::metrics::Stats;
-use crate::store::{migrate, verify};
+use history_service::app::{self, RunHandles};
+use history_service::config::Settings;
+use history_service::metrics::Stats;
+use history_service::store::{migrate, verify};
 
 /// What the demo generates.
 #[derive(Debug, Clone)]
@@ -35,7 +35,7 @@ pub struct DemoReport {
     pub expected_events: usize,
     pub expected_duplicates: usize,
     pub expected_poison: usize,
-    pub stats: crate::metrics::StatsSnapshot,
+    pub stats: history_service::metrics::StatsSnapshot,
     pub history_rows: i64,
     pub dead_letters: i64,
     pub committed: Vec<Option<i64>>,
@@ -56,7 +56,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
     let database = super::postgres::prepare(&settings.database.postgres_config()?).await?;
     eprintln!(
         "PostgreSQL: {}{}",
-        crate::config::describe_target(&database.config),
+        history_service::config::describe_target(&database.config),
         if database.throwaway.is_some() {
             " (throwaway cluster)"
         } else {
@@ -69,7 +69,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
         .await?
         .query_one("SELECT now()", &[])
         .await
-        .map_err(crate::store::StoreError::from)?
+        .map_err(history_service::store::StoreError::from)?
         .get(0);
     let mut settings = settings.clone();
     if let Some(url) = &database.url_override {
@@ -155,7 +155,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
             &[&options.topic, &run_started],
         )
         .await
-        .map_err(crate::store::StoreError::from)?
+        .map_err(history_service::store::StoreError::from)?
         .get(0);
     drop(database);
     Ok(DemoReport {
@@ -239,7 +239,7 @@ impl DemoReport {
         let s = &self.stats;
         let mut out = String::new();
         let rate = self.produced as f64 / self.elapsed.as_secs_f64().max(1e-9);
-        out.push_str("history-service demo report\n");
+        out.push_str("history-dev demo report\n");
         out.push_str(&format!(
             "  records produced        {:>10}  ({} events, {} duplicates, {} poison)\n",
             self.produced, self.expected_events, self.expected_duplicates, self.expected_poison

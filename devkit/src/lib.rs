@@ -1,5 +1,8 @@
-//! Development tools: the embedded broker, generated workloads, a PostgreSQL for the demo,
-//! the demo itself, and the group inspector tests and tools use to read committed offsets.
+//! history-service's development kit: the embedded broker and its faults, generated
+//! workloads, a throwaway PostgreSQL, the group inspector (committed offsets as an operator
+//! reads them), an HTTP/metrics probe and /proc CPU readings — the test-support library the
+//! tests take as a dev-dependency — and the `history-dev` commands: the demo, the benchmark
+//! and `dev-kafka`. Nothing here is linked into the production binary.
 
 pub mod bench;
 pub mod broker;
@@ -11,7 +14,29 @@ pub mod postgres;
 pub mod probe;
 pub mod workload;
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// A binary of this workspace (`history-service`, `history-dev`), from the target directory
+/// the running test executable was built in (`target/<profile>/deps/…` → `target/<profile>/`).
+/// `scripts/test.sh` builds every binary of the workspace before it runs the tests.
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the running executable has a path");
+    let mut dir = exe
+        .parent()
+        .expect("an executable lives in a directory")
+        .to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built: run `cargo build --workspace --bins` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
 
 /// Failures of the development tools.
 #[derive(Debug, thiserror::Error)]
@@ -23,18 +48,18 @@ pub enum DevError {
     #[error(transparent)]
     Postgres(#[from] postgres::DevPostgresError),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] history_service::store::StoreError),
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] history_service::config::ConfigError),
     #[error(transparent)]
-    Service(#[from] crate::app::ServiceError),
+    Service(#[from] history_service::app::ServiceError),
     #[error("not everything was committed within {0:?}")]
     Timeout(Duration),
     #[error("benchmark: {0}")]
     Bench(String),
 }
 
-/// `history-service dev-kafka`: runs an embedded broker with the topic until `shutdown`.
+/// `history-dev dev-kafka`: runs an embedded broker with the topic until `shutdown`.
 /// Prints `bootstrap.servers=HOST:PORT` as the first line on standard output, then reads fault
 /// commands (see [`faults`]) from standard input, answering each with a line `ok ...` or
 /// `error ...`.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tracing::info;
 
-use crate::store::migrate;
+use history_service::store::migrate;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DevPostgresError {
@@ -21,7 +21,7 @@ pub enum DevPostgresError {
     #[error("throwaway PostgreSQL cluster: {0}")]
     Throwaway(String),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] history_service::store::StoreError),
 }
 
 /// The database the demo uses, and the throwaway cluster behind it, if any.
@@ -40,7 +40,7 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
     let (config, throwaway) = match migrate::connect(&admin).await {
         Ok(_) => (config.clone(), None),
         Err(_) => {
-            let target = crate::config::describe_target(config);
+            let target = history_service::config::describe_target(config);
             let bin = find_binaries().ok_or(DevPostgresError::Unavailable {
                 target: target.clone(),
             })?;
@@ -55,8 +55,10 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
             (local, Some(cluster))
         }
     };
-    if migrate::create_database_if_missing(&crate::store::Database::plain(config.clone())).await? {
-        info!(database = %crate::config::describe_target(&config), "database created");
+    if migrate::create_database_if_missing(&history_service::store::Database::plain(config.clone()))
+        .await?
+    {
+        info!(database = %history_service::config::describe_target(&config), "database created");
     }
     let url_override = throwaway.as_ref().map(|cluster| {
         format!(

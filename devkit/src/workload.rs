@@ -328,7 +328,7 @@ pub fn produce(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::HistoryEvent;
+    use history_service::domain::HistoryEvent;
 
     fn spec() -> WorkloadSpec {
         WorkloadSpec {

@@ -1,4 +1,4 @@
-//! The chaos harness: the real `history-service` binary as child processes, `dev-kafka` as the
+//! The chaos harness: the real `history-service` binary as child processes, `history-dev dev-kafka` as the
 //! broker (faults injected through its standard input), a PostgreSQL cluster of the test's own
 //! (restarted at will), a seeded schedule of faults, and checks made from outside.
 
@@ -12,9 +12,9 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use history_service::dev::group::GroupInspector;
-use history_service::dev::postgres::ThrowawayCluster;
-use history_service::dev::workload::{self, PlannedRecord, RecordKind, WorkloadSpec};
+use history_devkit::group::GroupInspector;
+use history_devkit::postgres::ThrowawayCluster;
+use history_devkit::workload::{self, PlannedRecord, RecordKind, WorkloadSpec};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::producer::{Producer, ThreadedProducer};
@@ -260,7 +260,8 @@ impl Chaos {
                 .unwrap();
         });
 
-        let mut broker = Command::new(&binary)
+        // The broker is the development kit's; the service under test may be a mutant build.
+        let mut broker = Command::new(history_devkit::workspace_binary("history-dev"))
             .args([
                 "dev-kafka",
                 "--brokers",
@@ -675,7 +676,7 @@ impl Chaos {
     /// Scrapes an instance's metrics.
     pub fn metrics(&self, n: usize) -> String {
         let port = self.instances[n].port;
-        history_service::dev::probe::get(port, "/metrics")
+        history_devkit::probe::get(port, "/metrics")
             .map(|(_, body)| body)
             .unwrap_or_default()
     }

@@ -5,9 +5,9 @@ use std::io::{Read, Write};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::probe::{get as http_get, sample};
-use history_service::dev::workload::{self, WorkloadSpec, distinct_events};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::probe::{get as http_get, sample};
+use history_devkit::workload::{self, WorkloadSpec, distinct_events};
 
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
 

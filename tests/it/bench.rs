@@ -1,4 +1,4 @@
-//! A small run of `history-service bench` as a smoke test: it runs every phase and prints its
+//! A small run of `history-dev bench` as a smoke test: it runs every phase and prints its
 //! RESULT line. No timing is asserted here; the numbers live in docs/benchmarks.md.
 
 use std::collections::HashMap;
@@ -10,7 +10,7 @@ use crate::common::TestDb;
 fn a_small_benchmark_runs_every_phase_and_prints_its_result_line() {
     let runtime = actix_rt::System::new();
     let db = runtime.block_on(TestDb::create());
-    let output = Command::new(env!("CARGO_BIN_EXE_history-service"))
+    let output = Command::new(history_devkit::workspace_binary("history-dev"))
         .args([
             "bench",
             "--events",

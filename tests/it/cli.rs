@@ -120,28 +120,48 @@ fn invalid_configuration_fails_at_start_up_naming_the_key_and_hiding_the_passwor
 }
 
 #[test]
+fn the_production_binary_has_only_the_operators_commands_and_the_kit_the_developers() {
+    assert_eq!(
+        commands_of(env!("CARGO_BIN_EXE_history-service").as_ref()),
+        ["run", "dead-letters", "migrate", "verify"]
+    );
+    assert_eq!(
+        commands_of(&history_devkit::workspace_binary("history-dev")),
+        ["demo", "bench", "dev-kafka"]
+    );
+}
+
+#[test]
 fn every_command_has_help() {
-    let commands = history_service_commands();
-    assert!(commands.len() >= 2, "{commands:?}");
-    for command in commands {
-        let output = Command::new(env!("CARGO_BIN_EXE_history-service"))
-            .args([command.as_str(), "--help"])
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{command} --help: {output:?}");
-        assert!(
-            stdout(&output).contains("Usage: history-service"),
-            "{command}"
-        );
+    for (binary, name) in [
+        (
+            std::path::PathBuf::from(env!("CARGO_BIN_EXE_history-service")),
+            "history-service",
+        ),
+        (
+            history_devkit::workspace_binary("history-dev"),
+            "history-dev",
+        ),
+    ] {
+        let commands = commands_of(&binary);
+        assert!(commands.len() >= 2, "{commands:?}");
+        for command in commands {
+            let output = Command::new(&binary)
+                .args([command.as_str(), "--help"])
+                .output()
+                .unwrap();
+            assert!(output.status.success(), "{command} --help: {output:?}");
+            assert!(
+                stdout(&output).contains(&format!("Usage: {name}")),
+                "{command}"
+            );
+        }
     }
 }
 
-/// The subcommands the top-level help lists.
-fn history_service_commands() -> Vec<String> {
-    let output = Command::new(env!("CARGO_BIN_EXE_history-service"))
-        .arg("--help")
-        .output()
-        .unwrap();
+/// The subcommands a binary's top-level help lists.
+fn commands_of(binary: &std::path::Path) -> Vec<String> {
+    let output = Command::new(binary).arg("--help").output().unwrap();
     let text = stdout(&output);
     text.lines()
         .skip_while(|line| !line.starts_with("Commands:"))

@@ -186,11 +186,21 @@ pub struct Child {
 }
 
 impl Child {
+    /// `history-service` with these arguments.
     pub fn spawn(args: &[&str], env: &[(String, String)]) -> Child {
+        Self::spawn_binary(env!("CARGO_BIN_EXE_history-service").as_ref(), args, env)
+    }
+
+    /// `history-dev` (the development kit's binary) with these arguments.
+    pub fn spawn_dev(args: &[&str], env: &[(String, String)]) -> Child {
+        Self::spawn_binary(&history_devkit::workspace_binary("history-dev"), args, env)
+    }
+
+    fn spawn_binary(binary: &std::path::Path, args: &[&str], env: &[(String, String)]) -> Child {
         let log =
             std::env::temp_dir().join(format!("history-child-{:016x}.log", rand::random::<u64>()));
         let stderr = std::fs::File::create(&log).unwrap();
-        let process = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+        let process = std::process::Command::new(binary)
             .args(args)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env_remove("HISTORY_CONFIG")
@@ -259,11 +269,11 @@ pub const TOPIC: &str = "tickets.status.v1";
 /// Produces the records to [`TOPIC`]; returns where each landed.
 pub async fn produce(
     brokers: &str,
-    records: &[history_service::dev::workload::PlannedRecord],
-) -> Vec<history_service::dev::workload::Delivered> {
+    records: &[history_devkit::workload::PlannedRecord],
+) -> Vec<history_devkit::workload::Delivered> {
     let (brokers, records) = (brokers.to_owned(), records.to_vec());
     tokio::task::spawn_blocking(move || {
-        history_service::dev::workload::produce(&brokers, TOPIC, &records)
+        history_devkit::workload::produce(&brokers, TOPIC, &records)
     })
     .await
     .unwrap()
@@ -274,7 +284,7 @@ pub async fn produce(
 pub async fn topic_ends(brokers: &str, partitions: i32) -> Vec<i64> {
     let brokers = brokers.to_owned();
     tokio::task::spawn_blocking(move || {
-        history_service::dev::group::GroupInspector::new(&brokers, "inspector")
+        history_devkit::group::GroupInspector::new(&brokers, "inspector")
             .unwrap()
             .ends(TOPIC, partitions, std::time::Duration::from_secs(5))
             .unwrap()
@@ -291,9 +301,8 @@ pub async fn wait_committed(
     ends: &[i64],
     timeout: std::time::Duration,
 ) -> Vec<Option<i64>> {
-    let inspector = std::sync::Arc::new(
-        history_service::dev::group::GroupInspector::new(brokers, group).unwrap(),
-    );
+    let inspector =
+        std::sync::Arc::new(history_devkit::group::GroupInspector::new(brokers, group).unwrap());
     let deadline = std::time::Instant::now() + timeout;
     let partitions = ends.len() as i32;
     let expected: Vec<Option<i64>> = ends.iter().map(|&end| (end > 0).then_some(end)).collect();

@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::group::GroupInspector;
-use history_service::dev::probe::sample;
-use history_service::dev::workload::{PlannedRecord, RecordKind, event_payload};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::group::GroupInspector;
+use history_devkit::probe::sample;
+use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
 use rdkafka::types::RDKafkaRespErr;
 
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};

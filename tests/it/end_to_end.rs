@@ -4,10 +4,10 @@
 use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::group::GroupInspector;
-use history_service::dev::probe::sample;
-use history_service::dev::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::group::GroupInspector;
+use history_devkit::probe::sample;
+use history_devkit::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
 
 use crate::common::{
     Child, TOPIC, TestDb, free_port, produce, service_env, test_settings, wait_committed,
@@ -157,7 +157,7 @@ async fn a_crash_before_the_offset_commit_rereads_the_records_and_writes_no_dupl
 #[actix_rt::test]
 async fn run_against_dev_kafka_consumes_what_kcat_produced_and_stops_cleanly_on_sigterm() {
     let db = TestDb::migrated().await;
-    let mut kafka = Child::spawn(&["dev-kafka", "--partitions", "2"], &[]);
+    let mut kafka = Child::spawn_dev(&["dev-kafka", "--partitions", "2"], &[]);
     let mut stdout = BufReader::new(kafka.process.stdout.take().unwrap());
     let mut first_line = String::new();
     stdout.read_line(&mut first_line).unwrap();
@@ -234,7 +234,7 @@ async fn run_against_dev_kafka_consumes_what_kcat_produced_and_stops_cleanly_on_
 fn the_demo_runs_on_a_fresh_database_and_reports_success() {
     let runtime = actix_rt::System::new();
     let db = runtime.block_on(TestDb::create());
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+    let output = std::process::Command::new(history_devkit::workspace_binary("history-dev"))
         .args(["demo", "--events", "3000", "--partitions", "2"])
         .env("HISTORY__DATABASE__URL", db.url())
         .env("HISTORY__HTTP__LISTEN", "127.0.0.1:0")
@@ -253,7 +253,7 @@ fn the_demo_runs_on_a_fresh_database_and_reports_success() {
 
 #[test]
 fn the_demo_starts_a_throwaway_postgres_when_none_answers() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+    let output = std::process::Command::new(history_devkit::workspace_binary("history-dev"))
         .args(["demo", "--events", "500", "--partitions", "1"])
         .env(
             "HISTORY__DATABASE__URL",
@@ -271,11 +271,9 @@ fn the_demo_starts_a_throwaway_postgres_when_none_answers() {
 pub(crate) async fn scrape(port: u16) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match tokio::task::spawn_blocking(move || {
-            history_service::dev::probe::get(port, "/metrics")
-        })
-        .await
-        .unwrap()
+        match tokio::task::spawn_blocking(move || history_devkit::probe::get(port, "/metrics"))
+            .await
+            .unwrap()
         {
             Ok((200, body)) => return body,
             other => assert!(Instant::now() < deadline, "scrape failed: {other:?}"),
@@ -371,7 +369,7 @@ async fn lost_assignment(property: Option<(&str, &str)>) {
     // The coordinator forgets the member: its next heartbeat is answered UNKNOWN_MEMBER_ID,
     // and librdkafka declares the assignment lost (no clean revoke), then rejoins.
     "request-errors heartbeat 1 unknown-member"
-        .parse::<history_service::dev::faults::Fault>()
+        .parse::<history_devkit::faults::Fault>()
         .unwrap()
         .apply(&broker)
         .unwrap();

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::group::GroupInspector;
-use history_service::dev::workload::{self, WorkloadSpec};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::group::GroupInspector;
+use history_devkit::workload::{self, WorkloadSpec};
 use rand::Rng;
 
 use crate::common::{Child, TOPIC, TestDb, produce, service_env};

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::probe::sample;
-use history_service::dev::workload;
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::probe::sample;
+use history_devkit::workload;
 
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env};
 use crate::end_to_end::scrape;

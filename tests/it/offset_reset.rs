@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use history_service::dev::group::GroupInspector;
-use history_service::dev::probe::sample;
-use history_service::dev::workload::{PlannedRecord, RecordKind};
+use history_devkit::group::GroupInspector;
+use history_devkit::probe::sample;
+use history_devkit::workload::{PlannedRecord, RecordKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -57,7 +57,7 @@ fn commit(brokers: &str, offset: i64) {
 #[actix_rt::test]
 async fn records_deleted_before_they_were_processed_are_reported_with_where_and_how_many() {
     let db = TestDb::migrated().await;
-    let broker = history_service::dev::broker::EmbeddedBroker::start(1).unwrap();
+    let broker = history_devkit::broker::EmbeddedBroker::start(1).unwrap();
     broker.create_topic(TOPIC, 2).unwrap();
     let brokers = broker.bootstrap_servers();
 
@@ -197,7 +197,7 @@ fn field(line: &str, name: &str) -> i64 {
 #[actix_rt::test]
 async fn a_consumer_that_falls_behind_retention_reports_the_records_it_never_saw() {
     let db = TestDb::migrated().await;
-    let broker = history_service::dev::broker::EmbeddedBroker::start(1).unwrap();
+    let broker = history_devkit::broker::EmbeddedBroker::start(1).unwrap();
     broker.create_topic(TOPIC, 1).unwrap();
     let brokers = broker.bootstrap_servers();
     let group = "history-reset-behind";

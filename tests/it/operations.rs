@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::workload::{self, RecordKind, WorkloadSpec, distinct_events};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::workload::{self, RecordKind, WorkloadSpec, distinct_events};
 use history_service::kafka::dead_letter_topic as dlq;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
@@ -16,7 +16,7 @@ use crate::common::{
     Child, TOPIC, TestDb, free_port, produce, service_env, test_settings, topic_ends as ends,
     wait_committed,
 };
-use history_service::dev::probe::get as http_get;
+use history_devkit::probe::get as http_get;
 
 fn spec(records: usize, poison: f64, prefix: &str, seed: u64) -> WorkloadSpec {
     WorkloadSpec {

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::probe::get as http_get;
-use history_service::dev::workload::{self, WorkloadSpec};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::probe::get as http_get;
+use history_devkit::workload::{self, WorkloadSpec};
 use history_service::metrics as names;
 use serde_json::Value as Json;
 use serde_yaml_ng::Value as Yaml;
@@ -306,11 +306,8 @@ async fn running_service(group: &str) -> RunningService {
     wait_for_metrics(port, |text| {
         text.contains("history_consumer_lag{")
             && applied as f64
-                == history_service::dev::probe::sample(
-                    text,
-                    "history_events_total{outcome=\"applied\"}",
-                )
-                .unwrap_or(-1.0)
+                == history_devkit::probe::sample(text, "history_events_total{outcome=\"applied\"}")
+                    .unwrap_or(-1.0)
     })
     .await;
     RunningService {
@@ -387,7 +384,7 @@ async fn the_dashboard_parses_and_queries_only_families_the_service_exports() {
         );
     }
     assert_eq!(
-        history_service::dev::probe::sample(&text, names::WINDOW_LIMIT),
+        history_devkit::probe::sample(&text, names::WINDOW_LIMIT),
         Some(1000.0),
         "{text}"
     );

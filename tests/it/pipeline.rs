@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+use history_devkit::workload::{event_payload, seed_records};
 use history_service::actors::Pipeline;
 use history_service::actors::messages::{FlowControl, Record, TopicPartition, WindowSnapshot};
 use history_service::config::PipelineSettings;
-use history_service::dev::workload::{event_payload, seed_records};
 use history_service::metrics::Stats;
 
 use crate::common::{TestDb, test_settings};

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::probe::sample;
-use history_service::dev::workload::{PlannedRecord, RecordKind};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::probe::sample;
+use history_devkit::workload::{PlannedRecord, RecordKind};
 
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
 
@@ -13,11 +13,9 @@ use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_
 pub async fn scrape(port: u16) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match tokio::task::spawn_blocking(move || {
-            history_service::dev::probe::get(port, "/metrics")
-        })
-        .await
-        .unwrap()
+        match tokio::task::spawn_blocking(move || history_devkit::probe::get(port, "/metrics"))
+            .await
+            .unwrap()
         {
             Ok((200, body)) => return body,
             other => assert!(Instant::now() < deadline, "scrape failed: {other:?}"),

@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use history_service::dev::broker::EmbeddedBroker;
-use history_service::dev::workload::{PlannedRecord, RecordKind, event_payload};
+use history_devkit::broker::EmbeddedBroker;
+use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
 
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
 use crate::redelivery::scrape;
@@ -177,9 +177,9 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
 mod pipeline_level {
     use std::time::{Duration, Instant};
 
+    use history_devkit::workload::event_payload;
     use history_service::actors::Pipeline;
     use history_service::actors::messages::{Record, TopicPartition};
-    use history_service::dev::workload::event_payload;
     use history_service::metrics::Stats;
 
     use crate::common::{TestDb, test_settings};
