@@ -10,7 +10,8 @@
 //!   OffsetCommitter — with [`kafka`] holding the rdkafka consumer it drives;
 //! - [`app`]: wires the service from its settings and runs it until shutdown; [`http`] serves
 //!   metrics and health, [`health`] decides readiness; [`metrics`] names what is counted;
-//! - [`dev`]: the embedded broker, the demo and workload generation;
+//! - the development kit (embedded broker, workloads, demo, benchmark) lives apart, in the
+//!   `history-devkit` crate (`devkit/`), and is not linked into the production binary;
 //! - [`cli`]: the commands of the `history-service` binary.
 
 pub mod actors;
