@@ -313,6 +313,26 @@ async fn get(port: u16, path: &'static str) -> (u16, String) {
         .unwrap()
 }
 
+/// Scrapes `/metrics` until `done` holds for its samples; returns that scrape's text.
+async fn wait_for_metrics(
+    port: u16,
+    timeout: Duration,
+    done: impl Fn(&HashMap<String, f64>) -> bool,
+) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (_, text) = get(port, "/metrics").await;
+        if done(&samples(&text)) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metrics never got there:\n{text}"
+        );
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn wait_for_status(port: u16, path: &'static str, status: u16, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
@@ -359,9 +379,16 @@ async fn metrics_count_the_outcomes_and_readiness_follows_a_database_outage() {
     .await;
     wait_for_status(port, "/healthz", 200, Duration::from_secs(5)).await;
     wait_for_status(port, "/readyz", 200, Duration::from_secs(5)).await;
-    actix_rt::time::sleep(Duration::from_millis(600)).await;
-
-    let (_, text) = get(port, "/metrics").await;
+    // The lag comes from librdkafka's statistics, every statistics interval: wait for the one
+    // that reports every partition caught up.
+    let text = wait_for_metrics(port, Duration::from_secs(10), |m| {
+        (0..3).all(|partition| {
+            m.get(&format!(
+                "history_consumer_lag{{topic=\"{TOPIC}\",partition=\"{partition}\"}}"
+            )) == Some(&0.0)
+        })
+    })
+    .await;
     let m = samples(&text);
     let count =
         |kind: fn(&RecordKind) -> bool| records.iter().filter(|r| kind(&r.kind)).count() as f64;
@@ -408,8 +435,11 @@ async fn metrics_count_the_outcomes_and_readiness_follows_a_database_outage() {
     });
     produce(&brokers, &more).await;
     let later_ends = ends(&brokers, 3).await;
-    actix_rt::time::sleep(Duration::from_secs(2)).await;
-    let (_, text) = get(port, "/metrics").await;
+    let text = wait_for_metrics(port, Duration::from_secs(15), |m| {
+        m.get("history_retries_total") >= Some(&1.0)
+            && m.get("history_events_total{outcome=\"unknown\"}") >= Some(&1.0)
+    })
+    .await;
     let m = samples(&text);
     assert!(m["history_retries_total"] >= 1.0, "{text}");
     assert!(m["history_events_total{outcome=\"unknown\"}"] >= 1.0);
@@ -518,8 +548,19 @@ async fn security_settings_pass_through_and_secrets_never_reach_the_logs() {
     );
     let mut service = Child::spawn(&["run"], &env);
     // The consumer accepts the settings (SASL over TLS is built in) and keeps trying to reach
-    // the broker; it does not exit with a configuration error.
-    std::thread::sleep(Duration::from_secs(3));
+    // the broker: its first failed attempt is logged; it does not exit with a configuration
+    // error.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !service.logs().contains("kafka client error") {
+        assert_eq!(
+            service.process.try_wait().unwrap(),
+            None,
+            "{}",
+            service.logs()
+        );
+        assert!(Instant::now() < deadline, "{}", service.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(
         service.process.try_wait().unwrap(),
         None,
