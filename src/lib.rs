@@ -1,8 +1,12 @@
 //! history-service: consumes ticket status events from Kafka and keeps an
 //! exactly-once-in-effect projection of them in its own PostgreSQL database.
 //!
-//! Layers, each using only those above it in this list:
-//! - [`domain`]: the event and its decoder, the outcome rules of the per-event transaction;
+//! Layers, each using only those above it in this list (`tests/it/layers.rs` keeps the core, the
+//! store and the metrics so; the Kafka side and the actors still import each other's message
+//! types):
+//! - [`domain`]: the event and its decoder, the outcome rules of the per-event transaction, and
+//!   the values every layer passes around (topic-partition, epoch, record, commit position,
+//!   dead letter);
 //! - [`offsets`]: the ordered window that decides how far a partition may be committed;
 //! - [`config`]: layered, validated settings;
 //! - [`store`]: PostgreSQL — the repository, migrations, the invariant check;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::actors::messages::{CommitReason, TopicPartition};
+use crate::domain::{CommitReason, TopicPartition};
 
 pub const EVENTS_TOTAL: &str = "history_events_total";
 pub const DEAD_LETTERS_TOTAL: &str = "history_dead_letters_total";

@@ -11,58 +11,14 @@
 //! The Kafka side (the real supervisor or a test's mock) talks to the rest only through these
 //! messages and the [`Pipeline`](super::Pipeline) handle.
 
-use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Message, Recipient};
 
 use crate::domain::HistoryEvent;
-use crate::store::dead_letters::DeadLetter;
-
-/// Counts the assignments of a partition to this process. Every message about a partition
-/// carries the epoch it belongs to, so that work of a revoked assignment is recognised and
-/// discarded when it arrives after the revoke.
-pub type Epoch = u64;
-
-/// A topic and partition, cheap to clone.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TopicPartition {
-    pub topic: Arc<str>,
-    pub partition: i32,
-}
-
-impl TopicPartition {
-    pub fn new(topic: &str, partition: i32) -> Self {
-        TopicPartition {
-            topic: Arc::from(topic),
-            partition,
-        }
-    }
-}
-
-impl fmt::Display for TopicPartition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}[{}]", self.topic, self.partition)
-    }
-}
-
-impl fmt::Debug for TopicPartition {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-/// One fetched Kafka record, copied out of the consumer's buffers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Record {
-    pub offset: i64,
-    pub key: Option<Vec<u8>>,
-    /// `None` for a tombstone.
-    pub payload: Option<Vec<u8>>,
-    /// Milliseconds since the epoch, if the record has a timestamp.
-    pub timestamp_ms: Option<i64>,
-}
+pub use crate::domain::values::{
+    CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition,
+};
 
 /// A partition's fetched records, in offset order. Kafka side → PartitionActor.
 #[derive(Message)]
@@ -82,32 +38,6 @@ pub struct StopPartition;
 pub enum FlowControl {
     Pause { tp: TopicPartition, epoch: Epoch },
     Resume { tp: TopicPartition, epoch: Epoch },
-}
-
-/// A position to commit: every record of the partition before `offset` is resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CommitPosition {
-    pub tp: TopicPartition,
-    pub epoch: Epoch,
-    pub offset: i64,
-}
-
-/// Why a commit happens, for logs and metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommitReason {
-    Periodic,
-    Revoke,
-    Shutdown,
-}
-
-impl CommitReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CommitReason::Periodic => "periodic",
-            CommitReason::Revoke => "revoke",
-            CommitReason::Shutdown => "shutdown",
-        }
-    }
 }
 
 /// OffsetCommitter → Kafka side: commit these positions (periodic commits). The Kafka side

@@ -1,9 +1,12 @@
-//! The pure core: the event, its decoding, and the outcome rules of the per-event transaction.
-//! Nothing here does I/O, so all of it is tested without a broker or a database.
+//! The pure core: the event, its decoding, the outcome rules of the per-event transaction, and
+//! the values every layer passes around. Nothing here does I/O or knows of actors, Kafka or
+//! PostgreSQL (a test in `tests/it/layers.rs` keeps it so), so all of it is tested without a
+//! broker or a database.
 
 pub mod bisect;
 pub mod event;
 pub mod outcome;
+pub mod values;
 
 #[cfg(test)]
 mod event_props;
@@ -17,3 +20,4 @@ pub use outcome::{
     HistoryRepository, HistoryTransaction, Outcome, Resolution, process_history_batch,
     process_history_once,
 };
+pub use values::{CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition};

@@ -6,36 +6,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 
 use super::pool::{PgPool, StoreError};
-use crate::domain::DecodeError;
-
-/// An undecodable record, as it will be stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLetter {
-    pub key: Option<Vec<u8>>,
-    pub payload: Option<Vec<u8>>,
-    pub reason_code: &'static str,
-    pub reason: String,
-    pub field: Option<&'static str>,
-    pub record_timestamp: Option<DateTime<Utc>>,
-}
-
-impl DeadLetter {
-    pub fn new(
-        error: &DecodeError,
-        key: Option<Vec<u8>>,
-        payload: Option<Vec<u8>>,
-        timestamp_ms: Option<i64>,
-    ) -> Self {
-        DeadLetter {
-            key,
-            payload,
-            reason_code: error.code(),
-            reason: error.to_string(),
-            field: error.field().map(|field| field.name()),
-            record_timestamp: timestamp_ms.and_then(DateTime::<Utc>::from_timestamp_millis),
-        }
-    }
-}
+pub use crate::domain::DeadLetter;
 
 /// One dead letter with its record's coordinates.
 #[derive(Clone)]

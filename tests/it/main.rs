@@ -11,6 +11,7 @@ mod dead_letter_topic;
 mod end_to_end;
 mod handover;
 mod kafka_errors;
+mod layers;
 mod migrations;
 mod offset_reset;
 mod operations;

@@ -1,0 +1,109 @@
+//! The values every layer passes around: a topic-partition and the epoch of its assignment,
+//! a fetched record, a position to commit and why, an undecodable record as it will be
+//! stored. Plain data: no actors, no I/O.
+
+use std::fmt;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use super::DecodeError;
+
+/// Counts the assignments of a partition to this process. Every message about a partition
+/// carries the epoch it belongs to, so that work of a revoked assignment is recognised and
+/// discarded when it arrives after the revoke.
+pub type Epoch = u64;
+
+/// A topic and partition, cheap to clone.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicPartition {
+    pub topic: Arc<str>,
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    pub fn new(topic: &str, partition: i32) -> Self {
+        TopicPartition {
+            topic: Arc::from(topic),
+            partition,
+        }
+    }
+}
+
+impl fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.topic, self.partition)
+    }
+}
+
+impl fmt::Debug for TopicPartition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// One fetched Kafka record, copied out of the consumer's buffers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    /// `None` for a tombstone.
+    pub payload: Option<Vec<u8>>,
+    /// Milliseconds since the epoch, if the record has a timestamp.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// A position to commit: every record of the partition before `offset` is resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitPosition {
+    pub tp: TopicPartition,
+    pub epoch: Epoch,
+    pub offset: i64,
+}
+
+/// Why a commit happens, for logs and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitReason {
+    Periodic,
+    Revoke,
+    Shutdown,
+}
+
+impl CommitReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CommitReason::Periodic => "periodic",
+            CommitReason::Revoke => "revoke",
+            CommitReason::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// An undecodable record, as it will be stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub reason_code: &'static str,
+    pub reason: String,
+    pub field: Option<&'static str>,
+    pub record_timestamp: Option<DateTime<Utc>>,
+}
+
+impl DeadLetter {
+    pub fn new(
+        error: &DecodeError,
+        key: Option<Vec<u8>>,
+        payload: Option<Vec<u8>>,
+        timestamp_ms: Option<i64>,
+    ) -> Self {
+        DeadLetter {
+            key,
+            payload,
+            reason_code: error.code(),
+            reason: error.to_string(),
+            field: error.field().map(|field| field.name()),
+            record_timestamp: timestamp_ms.and_then(DateTime::<Utc>::from_timestamp_millis),
+        }
+    }
+}
