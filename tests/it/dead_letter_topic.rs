@@ -10,8 +10,8 @@ use history_devkit::probe::sample;
 use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
 use rdkafka::types::RDKafkaRespErr;
 
+use crate::common::scrape;
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
-use crate::redelivery::scrape;
 
 const DLQ: &str = "history.dlq";
 

@@ -10,7 +10,7 @@ use history_devkit::probe::sample;
 use history_devkit::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
 
 use crate::common::{
-    Child, TOPIC, TestDb, free_port, produce, service_env, test_settings, wait_committed,
+    Child, TOPIC, TestDb, free_port, produce, scrape, service_env, test_settings, wait_committed,
 };
 
 fn ends_of(delivered: &[workload::Delivered], partitions: i32) -> Vec<i64> {
@@ -266,20 +266,6 @@ fn the_demo_starts_a_throwaway_postgres_when_none_answers() {
     assert!(output.status.success(), "{stdout}\n{stderr}");
     assert!(stderr.contains("throwaway cluster"), "{stderr}");
     assert!(stdout.contains("OK: every event recorded once"), "{stdout}");
-}
-
-pub(crate) async fn scrape(port: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match tokio::task::spawn_blocking(move || history_devkit::probe::get(port, "/metrics"))
-            .await
-            .unwrap()
-        {
-            Ok((200, body)) => return body,
-            other => assert!(Instant::now() < deadline, "scrape failed: {other:?}"),
-        }
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[actix_rt::test]

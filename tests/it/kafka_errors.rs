@@ -7,8 +7,8 @@ use history_devkit::broker::EmbeddedBroker;
 use history_devkit::probe::sample;
 use history_devkit::workload;
 
+use crate::common::scrape;
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env};
-use crate::end_to_end::scrape;
 
 /// Lines at WARN or ERROR in a log.
 fn complaints(log: &str) -> Vec<&str> {

@@ -11,10 +11,10 @@ use history_devkit::workload::{PlannedRecord, RecordKind};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use crate::common::scrape;
 use crate::common::{
     Child, TOPIC, TestDb, free_port, produce, service_env, topic_ends, wait_committed,
 };
-use crate::end_to_end::scrape;
 
 const GROUP: &str = "history-reset";
 

@@ -1,28 +1,15 @@
 //! End to end: a byte-identical redelivery is never a conflicting duplicate, whatever the
 //! precision of its timestamp; a real conflict still counts.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use history_devkit::broker::EmbeddedBroker;
 use history_devkit::probe::sample;
 use history_devkit::workload::{PlannedRecord, RecordKind};
 
-use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
-
-/// The service's `/metrics` page, once it answers.
-pub async fn scrape(port: u16) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match tokio::task::spawn_blocking(move || history_devkit::probe::get(port, "/metrics"))
-            .await
-            .unwrap()
-        {
-            Ok((200, body)) => return body,
-            other => assert!(Instant::now() < deadline, "scrape failed: {other:?}"),
-        }
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+use crate::common::{
+    Child, TOPIC, TestDb, free_port, produce, scrape, service_env, wait_committed,
+};
 
 fn raw_event(event_id: &str, to_status: &str, changed_at: &str) -> PlannedRecord {
     let payload = format!(

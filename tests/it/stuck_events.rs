@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use history_devkit::broker::EmbeddedBroker;
 use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
 
+use crate::common::scrape;
 use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
-use crate::redelivery::scrape;
 
 const PARTITIONS: i32 = 4;
 const PER_PARTITION: i64 = 60;
