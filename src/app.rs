@@ -33,6 +33,8 @@ pub enum ServiceError {
     Producer(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("LISTEN_FDS names no usable TCP listening socket at file descriptor 3")]
+    HandedOverListener { source: std::io::Error },
     #[error("cannot serve http on {addr}")]
     Http {
         addr: SocketAddr,
@@ -75,6 +77,10 @@ pub struct RunHandles {
     pub stats: Arc<std::sync::OnceLock<Arc<Stats>>>,
     /// The bound HTTP address, once serving.
     pub http_addr: Arc<std::sync::OnceLock<SocketAddr>>,
+    /// A listening socket to serve the endpoints on instead of binding `http.listen` (a test
+    /// hands over one bound to port 0). Without it, a socket handed over through `LISTEN_FDS`
+    /// is served, if there is one.
+    pub http_listener: Arc<std::sync::Mutex<Option<std::net::TcpListener>>>,
 }
 
 /// Runs the service until `shutdown` completes. Must be called inside an actix system.
@@ -114,7 +120,16 @@ pub async fn run_with(
     // while it migrates or waits for the database.
     let http = if settings.http.enabled {
         let addr = settings.http.listen_addr()?;
-        let (server, bound) = http::serve(addr, readiness.clone())
+        let handed = match handles.http_listener.lock().map(|mut held| held.take()) {
+            Ok(Some(listener)) => Some(listener),
+            _ => http::handed_over_listener()
+                .map_err(|source| ServiceError::HandedOverListener { source })?,
+        };
+        let listen = match handed {
+            Some(listener) => http::Listen::Handed(listener),
+            None => http::Listen::Bind(addr),
+        };
+        let (server, bound) = http::serve(listen, readiness.clone())
             .map_err(|source| ServiceError::Http { addr, source })?;
         info!(%bound, "serving /metrics, /healthz and /readyz");
         let _ = handles.http_addr.set(bound);

@@ -2,6 +2,10 @@
 //! (the process is alive) and `/readyz` (the service can consume and write; see
 //! [`crate::health`]). Served from the first moment of `run`, before migrations. GET and HEAD
 //! only; nothing else is served.
+//!
+//! The endpoints bind `http.listen`, or serve a listening socket handed over by the process
+//! that started the service (systemd socket activation, `LISTEN_FDS`; the tests do the same to
+//! get an OS-assigned port without a pick-then-bind race).
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -72,9 +76,25 @@ impl Endpoints {
     }
 }
 
+/// Where the endpoints listen.
+#[derive(Debug)]
+pub enum Listen {
+    /// Bind this address (port 0 picks a free one).
+    Bind(SocketAddr),
+    /// Serve a socket already bound and listening.
+    Handed(std::net::TcpListener),
+}
+
+/// The listening socket handed over through `LISTEN_FDS` (the systemd socket-activation
+/// protocol; `LISTEN_PID`, when set, must name this process), if any. Call before other
+/// threads start: it clears those variables from the environment.
+pub fn handed_over_listener() -> std::io::Result<Option<std::net::TcpListener>> {
+    listenfd::ListenFd::from_env().take_tcp_listener(0)
+}
+
 /// Binds the endpoints and runs them on the current actix system. Returns their handle and the
-/// bound address (port 0 picks a free one).
-pub fn serve(listen: SocketAddr, readiness: Readiness) -> std::io::Result<(Endpoints, SocketAddr)> {
+/// address they serve.
+pub fn serve(listen: Listen, readiness: Readiness) -> std::io::Result<(Endpoints, SocketAddr)> {
     let handle = prometheus();
     let app_readiness = readiness.clone();
     let server = HttpServer::new(move || {
@@ -100,9 +120,16 @@ pub fn serve(listen: SocketAddr, readiness: Readiness) -> std::io::Result<(Endpo
     })
     .workers(1)
     .disable_signals()
-    .shutdown_timeout(1)
-    .bind(listen)?;
-    let bound = server.addrs().first().copied().unwrap_or(listen);
+    .shutdown_timeout(1);
+    let server = match listen {
+        Listen::Bind(addr) => server.bind(addr)?,
+        Listen::Handed(listener) => server.listen(listener)?,
+    };
+    let bound = server
+        .addrs()
+        .first()
+        .copied()
+        .ok_or_else(|| std::io::Error::other("the HTTP server has no address"))?;
     let server = server.run();
     let stop = server.handle();
     actix_rt::spawn(server);

@@ -1,8 +1,8 @@
 //! history-service's development kit: the embedded broker and its faults, generated
 //! workloads, a throwaway PostgreSQL, the group inspector (committed offsets as an operator
-//! reads them), an HTTP/metrics probe and /proc CPU readings — the test-support library the
-//! tests take as a dev-dependency — and the `history-dev` commands: the demo, the benchmark
-//! and `dev-kafka`. Nothing here is linked into the production binary.
+//! reads them), an HTTP/metrics probe, /proc CPU readings and one child-process wrapper — the
+//! test-support library the tests take as a dev-dependency — and the `history-dev` commands:
+//! the demo, the benchmark and `dev-kafka`. Nothing here is linked into the production binary.
 
 pub mod bench;
 pub mod broker;
@@ -12,6 +12,7 @@ pub mod faults;
 pub mod group;
 pub mod postgres;
 pub mod probe;
+pub mod process;
 pub mod workload;
 
 use std::path::PathBuf;

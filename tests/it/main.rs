@@ -19,5 +19,6 @@ mod operators_kit;
 mod pipeline;
 mod redelivery;
 mod repository;
+mod socket_activation;
 mod store_semantics;
 mod stuck_events;
