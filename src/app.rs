@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,9 +13,9 @@ use actix::prelude::*;
 use tracing::{info, warn};
 
 use crate::actors::Pipeline;
-use crate::actors::messages::CommitOutcome;
 use crate::actors::supervisor::{CloseConsumer, CommitFinal, KafkaSupervisor, StopFetching};
 use crate::config::{ConfigError, Settings};
+use crate::domain::CommitOutcome;
 use crate::health::Readiness;
 use crate::http;
 use crate::kafka::context::CommitterLink;
@@ -40,6 +41,28 @@ pub enum ServiceError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+}
+
+// Loading is defined here, above every layer whose checks it runs: the configuration layer
+// reads and checks the plain values, the store parses the database's.
+impl Settings {
+    /// The settings the service starts with: the built-in defaults, `file` (the `--config`
+    /// path, if any) and the environment, read and validated by the configuration layer, then
+    /// the database's URL and password file parsed by the store. A value the service could not
+    /// start with fails here, naming its key and the reason, never a secret.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, None)
+    }
+
+    /// Like [`Settings::load`], with the environment given explicitly (tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        environment: Option<std::collections::HashMap<String, String>>,
+    ) -> Result<Self, ConfigError> {
+        let settings = Settings::read_from(file, environment)?;
+        settings.database.postgres_config()?;
+        Ok(settings)
+    }
 }
 
 /// What a run did, for the demo's and the benchmark's reports and the exit code.
@@ -341,5 +364,49 @@ pub async fn shutdown_signal() {
         _ = terminate.recv() => info!("SIGTERM received"),
         _ = interrupt.recv() => info!("SIGINT received"),
         _ = hangup.recv() => info!("SIGHUP received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        let environment = pairs
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect();
+        Settings::load_from(None, Some(environment))
+    }
+
+    fn invalid_key(result: Result<Settings, ConfigError>) -> &'static str {
+        match result {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected an invalid key, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn loading_checks_the_database_settings_naming_the_key() {
+        assert!(load(&[]).is_ok());
+        assert_eq!(
+            invalid_key(load(&[(
+                "HISTORY__DATABASE__URL",
+                "postgres://u:s3cr3tpw@h:notaport/db"
+            )])),
+            "database.url"
+        );
+        assert_eq!(
+            invalid_key(load(&[(
+                "HISTORY__DATABASE__PASSWORD_FILE",
+                "/nonexistent/history-password"
+            )])),
+            "database.password_file"
+        );
+        // The plain values are still checked by the configuration layer.
+        assert_eq!(
+            invalid_key(load(&[("HISTORY__PIPELINE__WRITERS", "0")])),
+            "pipeline.writers"
+        );
     }
 }

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
@@ -132,13 +131,15 @@ pub struct LogSettings {
 }
 
 impl Settings {
-    /// Loads the layers and validates the result. `file` is the `--config` path, if any.
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::load_from(file, None)
+    /// Reads the layers and [validates](Settings::validate) the result. `file` is the
+    /// `--config` path, if any. The service starts from [`Settings::load`] (defined in `app`),
+    /// which also has the database's settings parsed.
+    pub fn read(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::read_from(file, None)
     }
 
-    /// Like [`Settings::load`], with the environment given explicitly (tests).
-    pub fn load_from(
+    /// Like [`Settings::read`], with the environment given explicitly (tests).
+    pub fn read_from(
         file: Option<&Path>,
         environment: Option<std::collections::HashMap<String, String>>,
     ) -> Result<Self, ConfigError> {
@@ -186,9 +187,10 @@ impl Settings {
         Ok(settings)
     }
 
-    /// Checks every value the types alone do not constrain.
+    /// Checks every value the types alone do not constrain, except the database's URL and
+    /// password file: PostgreSQL's details are the store's (`store::target`), and
+    /// [`Settings::load`] has them checked there.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.database.postgres_config()?;
         if self.database.pool_size as usize <= self.pipeline.writers {
             return Err(ConfigError::invalid(
                 "database.pool_size",
@@ -354,62 +356,9 @@ fn normalize_properties(
 }
 
 impl DatabaseSettings {
-    /// The connection settings, with the password from `password_file` or `password` if set.
-    pub fn postgres_config(&self) -> Result<tokio_postgres::Config, ConfigError> {
-        // The parser's messages never echo option values, but the URL itself is never quoted.
-        let mut config = tokio_postgres::Config::from_str(self.url.expose_secret())
-            .map_err(|err| ConfigError::invalid("database.url", err.to_string()))?;
-        if config.get_dbname().is_none() {
-            return Err(ConfigError::invalid("database.url", "must name a database"));
-        }
-        if !self.password_file.is_empty() {
-            let text = std::fs::read_to_string(&self.password_file).map_err(|err| {
-                ConfigError::invalid(
-                    "database.password_file",
-                    format!("cannot read {}: {err}", self.password_file),
-                )
-            })?;
-            config.password(text.trim_end_matches(['\r', '\n']));
-        } else if !self.password.expose_secret().is_empty() {
-            config.password(self.password.expose_secret());
-        }
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(self.connect_timeout());
-        }
-        Ok(config)
-    }
-
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
     }
-
-    /// The database's address for logs: host, port and name, never the user's password.
-    pub fn display_target(&self) -> String {
-        match self.postgres_config() {
-            Ok(config) => describe_target(&config),
-            Err(_) => "<invalid database.url>".to_owned(),
-        }
-    }
-}
-
-/// `user@host:port/dbname` of a connection config, for logs and reports.
-pub fn describe_target(config: &tokio_postgres::Config) -> String {
-    let host = config
-        .get_hosts()
-        .first()
-        .map(|host| match host {
-            tokio_postgres::config::Host::Tcp(name) => name.clone(),
-            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-        })
-        .unwrap_or_else(|| "localhost".to_owned());
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "{}@{}:{}/{}",
-        config.get_user().unwrap_or("?"),
-        host,
-        port,
-        config.get_dbname().unwrap_or("?")
-    )
 }
 
 impl KafkaSettings {
@@ -577,8 +526,8 @@ mod tests {
         )
     }
 
-    fn load(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
-        Settings::load_from(None, env(pairs))
+    fn read(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::read_from(None, env(pairs))
     }
 
     fn invalid_key(result: Result<Settings, ConfigError>) -> &'static str {
@@ -590,7 +539,7 @@ mod tests {
 
     #[test]
     fn the_built_in_defaults_are_valid() {
-        let settings = load(&[]).unwrap();
+        let settings = read(&[]).unwrap();
         assert_eq!(settings.kafka.topics, vec!["tickets.status.v1"]);
         assert_eq!(settings.kafka.group_id, "history-service");
         assert_eq!(settings.http.listen, "127.0.0.1:9464");
@@ -599,7 +548,7 @@ mod tests {
 
     #[test]
     fn environment_variables_override_the_documented_keys() {
-        let settings = load(&[
+        let settings = read(&[
             (
                 "HISTORY__DATABASE__URL",
                 "postgres://app@db.internal:6432/hist",
@@ -612,8 +561,8 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            settings.database.display_target(),
-            "app@db.internal:6432/hist"
+            settings.database.url.expose_secret(),
+            "postgres://app@db.internal:6432/hist"
         );
         assert_eq!(settings.kafka.brokers, "k1:9092,k2:9092");
         assert_eq!(settings.kafka.group_id, "history-blue");
@@ -630,7 +579,7 @@ mod tests {
             "[kafka]\ngroup_id = \"from-file\"\nbrokers = \"file:9092\"\n[pipeline]\nwriters = 3"
         )
         .unwrap();
-        let settings = Settings::load_from(
+        let settings = Settings::read_from(
             Some(&file.0),
             env(&[("HISTORY__KAFKA__GROUP_ID", "from-env")]),
         )
@@ -644,7 +593,7 @@ mod tests {
     #[test]
     fn a_missing_file_is_an_error() {
         let err =
-            Settings::load_from(Some(Path::new("/nonexistent/history.toml")), None).unwrap_err();
+            Settings::read_from(Some(Path::new("/nonexistent/history.toml")), None).unwrap_err();
         assert!(
             err.to_string().contains("/nonexistent/history.toml"),
             "{err}"
@@ -653,111 +602,71 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_rejected_with_their_name() {
-        let err = load(&[("HISTORY__PIPELINE__WRITTERS", "4")]).unwrap_err();
+        let err = read(&[("HISTORY__PIPELINE__WRITTERS", "4")]).unwrap_err();
         assert!(err.to_string().contains("writters"), "{err}");
     }
 
     #[test]
     fn a_value_of_the_wrong_type_names_its_key() {
-        let err = load(&[("HISTORY__PIPELINE__WRITERS", "many")]).unwrap_err();
+        let err = read(&[("HISTORY__PIPELINE__WRITERS", "many")]).unwrap_err();
         assert!(err.to_string().contains("pipeline.writers"), "{err}");
     }
 
     #[test]
     fn invalid_values_name_the_key_and_the_reason() {
         assert_eq!(
-            invalid_key(load(&[("HISTORY__PIPELINE__WRITERS", "0")])),
+            invalid_key(read(&[("HISTORY__PIPELINE__WRITERS", "0")])),
             "pipeline.writers"
         );
         assert_eq!(
-            invalid_key(load(&[("HISTORY__KAFKA__BROKERS", " ")])),
+            invalid_key(read(&[("HISTORY__KAFKA__BROKERS", " ")])),
             "kafka.brokers"
         );
         assert_eq!(
-            invalid_key(load(&[("HISTORY__KAFKA__GROUP_ID", "")])),
+            invalid_key(read(&[("HISTORY__KAFKA__GROUP_ID", "")])),
             "kafka.group_id"
         );
         assert_eq!(
-            invalid_key(load(&[("HISTORY__HTTP__LISTEN", "nowhere")])),
+            invalid_key(read(&[("HISTORY__HTTP__LISTEN", "nowhere")])),
             "http.listen"
         );
         assert_eq!(
-            invalid_key(load(&[(
-                "HISTORY__DATABASE__URL",
-                "postgres://u@h:notaport/db"
-            )])),
-            "database.url"
-        );
-        assert_eq!(
-            invalid_key(load(&[("HISTORY__DATABASE__URL", "postgres://u@h:5432")])),
-            "database.url"
-        );
-        assert_eq!(
-            invalid_key(load(&[
+            invalid_key(read(&[
                 ("HISTORY__PIPELINE__RETRY_INITIAL_MS", "500"),
                 ("HISTORY__PIPELINE__RETRY_MAX_MS", "100"),
             ])),
             "pipeline.retry_max_ms"
         );
         assert_eq!(
-            invalid_key(load(&[("HISTORY__DATABASE__POOL_SIZE", "2")])),
+            invalid_key(read(&[("HISTORY__DATABASE__POOL_SIZE", "2")])),
             "database.pool_size"
         );
         assert_eq!(
-            invalid_key(load(&[("HISTORY__LOG__FILTER", "=[")])),
+            invalid_key(read(&[("HISTORY__LOG__FILTER", "=[")])),
             "log.filter"
         );
     }
 
     #[test]
-    fn the_password_never_appears_in_errors_or_debug_output() {
-        for url in [
-            "postgres://user:s3cr3tpw@host:notaport/db",
-            "postgres://user:s3cr3tpw@host:5432",
-            "postgres://user:s3cr3tpw@host:5432/db?sslmode=bogus",
-            "not a url s3cr3tpw",
-        ] {
-            let err = load(&[("HISTORY__DATABASE__URL", url)]).unwrap_err();
-            assert!(
-                !format!("{err} {err:?}").contains("s3cr3tpw"),
-                "{url}: {err}"
-            );
-        }
-        let settings = load(&[
+    fn the_password_never_appears_in_debug_output() {
+        let settings = read(&[
             (
                 "HISTORY__DATABASE__URL",
                 "postgres://user:s3cr3tpw@host:5432/db",
             ),
+            ("HISTORY__DATABASE__PASSWORD", "p4ssw0rd"),
             ("HISTORY__KAFKA__PROPERTIES__SASL_PASSWORD", "k4fk4pw"),
         ])
         .unwrap();
-        let shown = format!("{settings:?} {}", settings.database.display_target());
-        assert!(!shown.contains("s3cr3tpw"), "{shown}");
-        assert!(!shown.contains("k4fk4pw"), "{shown}");
-    }
-
-    #[test]
-    fn the_password_can_come_from_a_variable_or_a_file() {
-        let settings = load(&[("HISTORY__DATABASE__PASSWORD", "frompassword")]).unwrap();
-        let config = settings.database.postgres_config().unwrap();
-        assert_eq!(config.get_password(), Some(&b"frompassword"[..]));
-
-        let mut file = tempfile();
-        writeln!(file.1, "fromfile").unwrap();
-        let path = file.0.display().to_string();
-        let settings = load(&[
-            ("HISTORY__DATABASE__PASSWORD", "frompassword"),
-            ("HISTORY__DATABASE__PASSWORD_FILE", &path),
-        ])
-        .unwrap();
-        let config = settings.database.postgres_config().unwrap();
-        assert_eq!(config.get_password(), Some(&b"fromfile"[..]));
-        std::fs::remove_file(&file.0).unwrap();
+        let shown = format!("{settings:?}");
+        for secret in ["s3cr3tpw", "p4ssw0rd", "k4fk4pw"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
     }
 
     #[test]
     fn kafka_properties_from_the_environment_get_their_dots_back() {
-        let settings = load(&[
+        let settings = read(&[
             ("HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL", "SASL_SSL"),
             ("HISTORY__KAFKA__PROPERTIES__SASL_MECHANISMS", "PLAIN"),
         ])
@@ -773,7 +682,7 @@ mod tests {
 
     #[test]
     fn a_directory_given_as_the_file_is_named_as_one() {
-        let err = Settings::load_from(Some(&std::env::temp_dir()), None).unwrap_err();
+        let err = Settings::read_from(Some(&std::env::temp_dir()), None).unwrap_err();
         assert!(err.to_string().contains("is a directory"), "{err}");
     }
 
@@ -791,7 +700,7 @@ mod tests {
             "[::1:9092",
             "[]:9092",
         ] {
-            let err = load(&[("HISTORY__KAFKA__BROKERS", brokers)]).unwrap_err();
+            let err = read(&[("HISTORY__KAFKA__BROKERS", brokers)]).unwrap_err();
             assert!(
                 matches!(
                     &err,
@@ -811,7 +720,7 @@ mod tests {
             "SASL_SSL://kafka.internal:9094",
         ] {
             assert!(
-                load(&[("HISTORY__KAFKA__BROKERS", brokers)]).is_ok(),
+                read(&[("HISTORY__KAFKA__BROKERS", brokers)]).is_ok(),
                 "{brokers}"
             );
         }
@@ -820,13 +729,13 @@ mod tests {
     #[test]
     fn the_unready_time_must_be_positive() {
         assert_eq!(
-            invalid_key(load(&[(
+            invalid_key(read(&[(
                 "HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS",
                 "0"
             )])),
             "pipeline.unready_after_failing_ms"
         );
-        let settings = load(&[("HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS", "1500")]).unwrap();
+        let settings = read(&[("HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS", "1500")]).unwrap();
         assert_eq!(
             settings.pipeline.unready_after_failing(),
             Duration::from_millis(1500)
@@ -835,7 +744,7 @@ mod tests {
 
     /// The key and the reason of a rejected Kafka property; the value never shows.
     fn property_error(pairs: &[(&str, &str)], secret: &str) -> (String, String) {
-        match load(pairs) {
+        match read(pairs) {
             Err(err @ ConfigError::InvalidProperty { .. }) => {
                 let shown = format!("{err} {err:?}");
                 assert!(!shown.contains(secret), "the value leaked: {shown}");

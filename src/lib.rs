@@ -1,22 +1,29 @@
 //! history-service: consumes ticket status events from Kafka and keeps an
 //! exactly-once-in-effect projection of them in its own PostgreSQL database.
 //!
-//! Layers, each using only those above it in this list (`tests/it/layers.rs` keeps the core, the
-//! store and the metrics so; the Kafka side and the actors still import each other's message
-//! types):
-//! - [`domain`]: the event and its decoder, the outcome rules of the per-event transaction, and
-//!   the values every layer passes around (topic-partition, epoch, record, commit position,
-//!   dead letter);
-//! - [`offsets`]: the ordered window that decides how far a partition may be committed;
-//! - [`config`]: layered, validated settings;
-//! - [`store`]: PostgreSQL — the repository, migrations, the invariant check;
-//! - [`actors`]: the actix pipeline — Kafka supervisor, partition actors, DB writers and the
-//!   OffsetCommitter — with [`kafka`] holding the rdkafka consumer it drives;
-//! - [`app`]: wires the service from its settings and runs it until shutdown; [`http`] serves
-//!   metrics and health, [`health`] decides readiness; [`metrics`] names what is counted;
-//! - the development kit (embedded broker, workloads, demo, benchmark) lives apart, in the
-//!   `history-devkit` crate (`devkit/`), and is not linked into the production binary;
-//! - [`cli`]: the commands of the `history-service` binary.
+//! Layers, lowest first. A module imports only from its own layer or those below it, never
+//! from a layer above, and no two source files import each other, directly or round a circle
+//! (`tests/it/layers.rs` reads the sources and keeps both rules):
+//! 1. the core — [`domain`]: the event and its decoder, the outcome rules of the per-event
+//!    transaction, and the values every layer passes around (`domain/values.rs`:
+//!    topic-partition, epoch, record, commit position and outcome, dead letter); [`offsets`]:
+//!    the ordered window that decides how far a partition may be committed. No I/O, no actors,
+//!    no Kafka, no PostgreSQL;
+//! 2. [`config`]: layered settings, validated as plain values (PostgreSQL's URL is parsed by
+//!    the store);
+//! 3. [`store`]: PostgreSQL — where the database is (`store/target.rs`), the pool, the
+//!    repository, migrations, the invariant check; [`kafka`]: the rdkafka consumer, its
+//!    callbacks and the commit worker, which reach the actors only through
+//!    `actix::Recipient`s of the messages they define ([`kafka::messages`]); [`metrics`]: what
+//!    is counted; [`health`]: readiness; [`telemetry`]: logging;
+//! 4. [`actors`]: the actix pipeline — Kafka supervisor, partition actors, DB writers and the
+//!    OffsetCommitter;
+//! 5. [`app`]: wires the service from its settings (and loads them, with every layer's
+//!    checks: [`config::Settings::load`]) and runs it until shutdown; [`http`]: metrics and
+//!    health endpoints; [`cli`]: the commands of the `history-service` binary.
+//!
+//! The development kit (embedded broker, workloads, demo, benchmark) lives apart, in the
+//! `history-devkit` crate (`devkit/`), and is not linked into the production binary.
 
 pub mod actors;
 pub mod app;

@@ -187,7 +187,7 @@ pub struct Stats {
     /// When the first record was fetched: throughput is measured from here.
     pub first_fetch: std::sync::OnceLock<std::time::Instant>,
     /// Whether writes succeed, for readiness.
-    pub writes: crate::health::WriteHealth,
+    pub writes: crate::health::writes::WriteHealth,
 }
 
 /// A copy of the counters at one moment.

@@ -56,7 +56,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
     let database = super::postgres::prepare(&settings.database.postgres_config()?).await?;
     eprintln!(
         "PostgreSQL: {}{}",
-        history_service::config::describe_target(&database.config),
+        history_service::store::describe_target(&database.config),
         if database.throwaway.is_some() {
             " (throwaway cluster)"
         } else {

@@ -40,7 +40,7 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
     let (config, throwaway) = match migrate::connect(&admin).await {
         Ok(_) => (config.clone(), None),
         Err(_) => {
-            let target = history_service::config::describe_target(config);
+            let target = history_service::store::describe_target(config);
             let bin = find_binaries().ok_or(DevPostgresError::Unavailable {
                 target: target.clone(),
             })?;
@@ -58,7 +58,7 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
     if migrate::create_database_if_missing(&history_service::store::Database::plain(config.clone()))
         .await?
     {
-        info!(database = %history_service::config::describe_target(&config), "database created");
+        info!(database = %history_service::store::describe_target(&config), "database created");
     }
     let url_override = throwaway.as_ref().map(|cluster| {
         format!(

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! The Kafka side (the real supervisor or a test's mock) talks to the rest only through these
-//! messages and the [`Pipeline`](super::Pipeline) handle.
+//! messages and the [`Pipeline`](super::Pipeline) handle. What the rdkafka callbacks and the
+//! commit worker send (`CommitResult`, `Revoke`, `Lost`) is defined below the actors, in
+//! [`crate::kafka::messages`], and re-exported here.
 
 use std::time::Duration;
 
@@ -17,8 +19,9 @@ use actix::{Message, Recipient};
 
 use crate::domain::HistoryEvent;
 pub use crate::domain::values::{
-    CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition,
+    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition,
 };
+pub use crate::kafka::messages::{CommitResult, Lost, Revoke};
 
 /// A partition's fetched records, in offset order. Kafka side → PartitionActor.
 #[derive(Message)]
@@ -48,27 +51,6 @@ pub struct CommitOffsets {
     pub positions: Vec<CommitPosition>,
     pub reason: CommitReason,
 }
-
-/// What became of positions handed to the Kafka side for committing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CommitOutcome {
-    /// The broker confirmed these (or an equal or later position was confirmed before).
-    pub confirmed: Vec<CommitPosition>,
-    /// Not committed: refused by the broker, or the partition is no longer assigned.
-    pub failed: Vec<CommitPosition>,
-}
-
-impl CommitOutcome {
-    pub fn is_complete(&self) -> bool {
-        self.failed.is_empty()
-    }
-}
-
-/// Kafka side → OffsetCommitter: the broker's verdict on a [`CommitOffsets`]. Only confirmed
-/// positions count as committed; the others are asked for again at the next tick.
-#[derive(Debug, Clone, Message)]
-#[rtype(result = "()")]
-pub struct CommitResult(pub CommitOutcome);
 
 /// PartitionActor → OffsetCommitter: admit these decoded records into the partition's window.
 /// The committer tracks their offsets and hands them to the writers in the same step, so a
@@ -143,32 +125,6 @@ pub struct ResolvedOffset {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Resolved(pub Vec<ResolvedOffset>);
-
-/// Kafka side → OffsetCommitter: these assignments end. No new records are admitted for them;
-/// the committer answers once their in-flight records resolved (or `deadline` passed) with
-/// the positions to commit synchronously before the partitions are given up — each partition's
-/// contiguous resolved position, where it is ahead of the confirmed one. The real supervisor
-/// calls this from inside librdkafka's rebalance callback, where it cannot await: it passes
-/// `reply` and blocks on it.
-#[derive(Message)]
-#[rtype(result = "Vec<CommitPosition>")]
-pub struct Revoke {
-    pub partitions: Vec<(TopicPartition, Epoch)>,
-    pub deadline: Duration,
-    /// Answered at once with the positions resolved so far, before the wait: committing them
-    /// straight away covers most of the work while the group is surely still settled (a broker
-    /// may refuse commits once the next round of the rebalance has begun).
-    pub early: Option<std::sync::mpsc::SyncSender<Vec<CommitPosition>>>,
-    pub reply: Option<std::sync::mpsc::SyncSender<Vec<CommitPosition>>>,
-}
-
-/// Kafka side → OffsetCommitter: these assignments were lost (the group moved on without us):
-/// discard them and commit nothing.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Lost {
-    pub partitions: Vec<(TopicPartition, Epoch)>,
-}
 
 /// Shutdown: wait until nothing is in flight (or the deadline passes), then report the
 /// positions to commit. Admitting stops: later Admit requests are rejected.

@@ -14,8 +14,8 @@ use super::messages::{
     WindowUpdate, Work, WriteJob,
 };
 use super::pipeline::Pipeline;
+use crate::domain::DeadLetter;
 use crate::domain::HistoryEvent;
-use crate::store::dead_letters::DeadLetter;
 
 pub struct PartitionActor {
     tp: TopicPartition,
@@ -217,5 +217,19 @@ impl Handler<StopPartition> for PartitionActor {
 
     fn handle(&mut self, _: StopPartition, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+// Here rather than in pipeline.rs: the partition actor holds the pipeline handle, so the
+// handle's file must not name the actor, or the two files would import each other.
+impl Pipeline {
+    /// Starts the actor of a newly assigned partition on the current arbiter.
+    pub fn start_partition(
+        &self,
+        tp: TopicPartition,
+        epoch: Epoch,
+        kafka: Recipient<FlowControl>,
+    ) -> Addr<PartitionActor> {
+        PartitionActor::new(tp, epoch, self.clone(), kafka).start()
     }
 }

@@ -1,5 +1,6 @@
 //! The part of the actor system below the Kafka side: the OffsetCommitter, the pool of DB
-//! writers (each on its own arbiter thread), and the starting of partition actors. Both the
+//! writers (each on its own arbiter thread), and the starting of partition actors
+//! ([`Pipeline::start_partition`], defined next to the actor, which holds this handle). Both the
 //! real Kafka supervisor and the tests' mock supervisor drive the pipeline through this handle.
 
 use std::sync::{Arc, Mutex};
@@ -9,10 +10,7 @@ use actix::prelude::*;
 
 use super::committer::OffsetCommitter;
 use super::dispatcher::Dispatcher;
-use super::messages::{
-    AttachKafka, CommitOffsets, Drain, DrainReport, Epoch, FlowControl, TopicPartition,
-};
-use super::partition::PartitionActor;
+use super::messages::{AttachKafka, CommitOffsets, Drain, DrainReport};
 use super::writer::{DbWriter, WriterSettings};
 use crate::config::PipelineSettings;
 use crate::kafka::dead_letter_topic::{self, DeadLetterPublisher};
@@ -99,16 +97,6 @@ impl Pipeline {
     /// Tells the committer where to send its commits.
     pub fn attach_kafka(&self, kafka: Recipient<CommitOffsets>) {
         self.shared.committer.do_send(AttachKafka(kafka));
-    }
-
-    /// Starts the actor of a newly assigned partition on the current arbiter.
-    pub fn start_partition(
-        &self,
-        tp: TopicPartition,
-        epoch: Epoch,
-        kafka: Recipient<FlowControl>,
-    ) -> Addr<PartitionActor> {
-        PartitionActor::new(tp, epoch, self.clone(), kafka).start()
     }
 
     pub fn committer(&self) -> &Addr<OffsetCommitter> {

@@ -20,4 +20,6 @@ pub use outcome::{
     HistoryRepository, HistoryTransaction, Outcome, Resolution, process_history_batch,
     process_history_once,
 };
-pub use values::{CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition};
+pub use values::{
+    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition,
+};

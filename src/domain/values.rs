@@ -1,5 +1,5 @@
 //! The values every layer passes around: a topic-partition and the epoch of its assignment,
-//! a fetched record, a position to commit and why, an undecodable record as it will be
+//! a fetched record, a position to commit, why, and what became of it, an undecodable record as it will be
 //! stored. Plain data: no actors, no I/O.
 
 use std::fmt;
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::DecodeError;
+use super::event::DecodeError;
 
 /// Counts the assignments of a partition to this process. Every message about a partition
 /// carries the epoch it belongs to, so that work of a revoked assignment is recognised and
@@ -59,6 +59,21 @@ pub struct CommitPosition {
     pub tp: TopicPartition,
     pub epoch: Epoch,
     pub offset: i64,
+}
+
+/// What became of positions handed to the Kafka side for committing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommitOutcome {
+    /// The broker confirmed these (or an equal or later position was confirmed before).
+    pub confirmed: Vec<CommitPosition>,
+    /// Not committed: refused by the broker, or the partition is no longer assigned.
+    pub failed: Vec<CommitPosition>,
+}
+
+impl CommitOutcome {
+    pub fn is_complete(&self) -> bool {
+        self.failed.is_empty()
+    }
 }
 
 /// Why a commit happens, for logs and metrics.

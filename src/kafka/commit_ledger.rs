@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::actors::messages::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
+use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
 
 #[derive(Debug, Default)]
 pub struct CommitLedger {

@@ -12,7 +12,8 @@ use actix::Recipient;
 use rdkafka::consumer::Consumer;
 
 use super::HistoryConsumer;
-use crate::actors::messages::{CommitPosition, CommitResult, TopicPartition};
+use super::messages::CommitResult;
+use crate::domain::{CommitPosition, TopicPartition};
 
 struct CommitJob {
     positions: Vec<CommitPosition>,

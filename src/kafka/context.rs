@@ -26,11 +26,11 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
-use super::error_log::ClientErrorLog;
-use crate::actors::messages::{CommitOutcome, CommitPosition, Epoch, Lost, Revoke, TopicPartition};
-use crate::metrics::{self, Stats};
-
 use super::commit_ledger::CommitLedger;
+use super::error_log::ClientErrorLog;
+use super::messages::{Lost, Revoke};
+use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
+use crate::metrics::{self, Stats};
 
 /// How long the revoke callback waits for the committer beyond the committer's own deadline
 /// (its mailbox may be busy when the deadline fires).

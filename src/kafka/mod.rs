@@ -6,6 +6,7 @@ pub mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;
 pub mod error_log;
+pub mod messages;
 pub mod offset_reset;
 pub mod replay;
 pub mod reset_watch;
@@ -21,8 +22,8 @@ use secrecy::ExposeSecret;
 
 pub use context::{RebalanceEvent, SupervisorContext};
 
-use crate::actors::messages::{Record, TopicPartition};
 use crate::config::{ConfigError, KafkaSettings};
+use crate::domain::{Record, TopicPartition};
 
 /// The consumer could not be set up.
 #[derive(Debug, thiserror::Error)]

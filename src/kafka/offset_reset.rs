@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use crate::actors::messages::{Epoch, TopicPartition};
+use crate::domain::{Epoch, TopicPartition};
 
 /// Where a jump was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

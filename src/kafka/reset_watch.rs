@@ -18,7 +18,7 @@ use tracing::{error, warn};
 
 use super::HistoryConsumer;
 use super::offset_reset::{Detector, Jump, JumpKind, Loss, Span, judge};
-use crate::actors::messages::{Epoch, Record, TopicPartition};
+use crate::domain::{Epoch, Record, TopicPartition};
 use crate::metrics;
 
 /// Longest wait for the broker's answer to one lookup.

@@ -1,25 +1,14 @@
-//! Where the History database is and how to reach it: the connection settings and, when the
-//! URL says `sslmode=require`, TLS (verified against `database.tls_ca_file` if one is given,
-//! otherwise encrypted without verification, as libpq does for `require`).
+//! The History database: where it is (see [`super::target`]) and the ways of connecting to it,
+//! one connection or a pool.
 
 use std::time::Duration;
 
-use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
-use postgres_openssl::MakeTlsConnector;
-use tokio_postgres::config::SslMode;
 use tokio_postgres::{Client, NoTls};
 
-use super::pool::{PgManager, PgPool, StoreError};
+use super::error::StoreError;
+use super::pool::{PgManager, PgPool};
+use super::target::{PgTls, describe_target};
 use crate::config::{ConfigError, DatabaseSettings};
-
-/// How connections are secured.
-#[derive(Clone)]
-pub enum PgTls {
-    /// Plain TCP (or a Unix socket): the URL does not require TLS.
-    Plain,
-    /// TLS, required by the URL.
-    Tls(MakeTlsConnector),
-}
 
 /// A database to connect to.
 #[derive(Clone)]
@@ -40,31 +29,13 @@ impl Database {
     /// The configured database, with TLS set up if its URL requires it.
     pub fn from_settings(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
         let config = settings.postgres_config()?;
-        let tls = if config.get_ssl_mode() == SslMode::Require {
-            let invalid = |reason: String| ConfigError::Invalid {
-                key: "database.tls_ca_file",
-                reason,
-            };
-            let mut builder = SslConnector::builder(SslMethod::tls_client())
-                .map_err(|err| invalid(format!("cannot set up TLS: {err}")))?;
-            if settings.tls_ca_file.is_empty() {
-                builder.set_verify(SslVerifyMode::NONE);
-            } else {
-                builder.set_ca_file(&settings.tls_ca_file).map_err(|err| {
-                    invalid(format!("cannot load {}: {err}", settings.tls_ca_file))
-                })?;
-                builder.set_verify(SslVerifyMode::PEER);
-            }
-            PgTls::Tls(MakeTlsConnector::new(builder.build()))
-        } else {
-            PgTls::Plain
-        };
+        let tls = PgTls::for_settings(settings, &config)?;
         Ok(Database { config, tls })
     }
 
     /// `user@host:port/dbname`, for logs: never the password.
     pub fn target(&self) -> String {
-        crate::config::describe_target(&self.config)
+        describe_target(&self.config)
     }
 
     /// One connection outside any pool (migrations, verify, tools).
@@ -99,6 +70,15 @@ impl Database {
             PgManager::new(self.config.clone(), self.tls.clone()),
         )
     }
+}
+
+/// A pool on a database reached without TLS (tests and tools).
+pub fn connect_pool(
+    config: tokio_postgres::Config,
+    size: u32,
+    connect_timeout: Duration,
+) -> PgPool {
+    Database::plain(config).pool(size, connect_timeout)
 }
 
 async fn drive<T: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(connection: T) {

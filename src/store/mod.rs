@@ -7,8 +7,10 @@ pub mod error;
 pub mod migrate;
 pub mod pool;
 pub mod repository;
+pub mod target;
 pub mod verify;
 
-pub use database::{Database, PgTls};
-pub use pool::{PgConnection, PgPool, StoreError, connect_pool};
+pub use database::{Database, connect_pool};
+pub use pool::{PgConnection, PgPool, StoreError};
 pub use repository::{PgHistoryRepository, PgTransaction};
+pub use target::{PgTls, describe_target};

@@ -8,8 +8,8 @@ use bb8_postgres::PostgresConnectionManager;
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::database::PgTls;
 pub use super::error::StoreError;
+use super::target::PgTls;
 
 /// The pool of connections to the History database. bb8 tells a caller only that no connection
 /// came in time; this pool also remembers why the last attempt to connect failed (the database
@@ -261,13 +261,4 @@ impl bb8::ManageConnection for PgManager {
     fn has_broken(&self, conn: &mut PgConnection) -> bool {
         conn.poisoned || conn.client.is_closed()
     }
-}
-
-/// A pool on a database reached without TLS (tests and tools).
-pub fn connect_pool(
-    config: tokio_postgres::Config,
-    size: u32,
-    connect_timeout: std::time::Duration,
-) -> PgPool {
-    super::Database::plain(config).pool(size, connect_timeout)
 }

@@ -223,7 +223,7 @@ impl<'a> Columns<'a> {
 /// The stored history rows of these events, by `event_id` (for telling a redelivery from a
 /// conflicting duplicate: same `event_id`, different content).
 pub async fn load_events(
-    pool: &super::PgPool,
+    pool: &PgPool,
     event_ids: &[&str],
 ) -> Result<std::collections::HashMap<String, HistoryEvent>, StoreError> {
     let mut conn = pool.get().await?;
