@@ -4,6 +4,7 @@
 //! broker or a database.
 
 pub mod bisect;
+pub mod decode;
 pub mod event;
 pub mod outcome;
 pub mod values;
@@ -15,7 +16,8 @@ mod fake_repository;
 #[cfg(test)]
 mod outcome_tests;
 
-pub use event::{DecodeError, Field, HistoryEvent};
+pub use decode::{DecodeError, Field};
+pub use event::HistoryEvent;
 pub use outcome::{
     HistoryRepository, HistoryTransaction, Outcome, Resolution, process_history_batch,
     process_history_once,
