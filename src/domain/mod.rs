@@ -3,9 +3,11 @@
 //! PostgreSQL (a test in `tests/it/layers.rs` keeps it so), so all of it is tested without a
 //! broker or a database.
 
+pub mod backoff;
 pub mod bisect;
 pub mod decode;
 pub mod event;
+pub mod linger;
 pub mod outcome;
 pub mod values;
 
