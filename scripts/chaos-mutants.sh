@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shows that the chaos test catches broken builds. Each patch in scripts/mutants/ breaks one
-# rule of SPEC §3-4 (the inbox marker committed in its own transaction; the committer moving
+# rule the design rests on (the inbox marker committed in its own transaction; the committer moving
 # past an unresolved offset). With the patch applied, the chaos test must fail; this script
 # exits non-zero if any mutant survives. Takes a few minutes per mutant.
 #

@@ -16,6 +16,7 @@ use crate::actors::Pipeline;
 use crate::actors::supervisor::{CloseConsumer, CommitFinal, KafkaSupervisor, StopFetching};
 use crate::config::{ConfigError, Settings};
 use crate::domain::CommitOutcome;
+use crate::domain::backoff::Backoff;
 use crate::health::Readiness;
 use crate::http;
 use crate::kafka::context::CommitterLink;
@@ -320,7 +321,10 @@ async fn migrate_until_done(
     readiness: &Readiness,
 ) -> Result<(), ServiceError> {
     const REJECTIONS_TOLERATED: u32 = 3;
-    let mut delay = settings.pipeline.retry_initial();
+    let mut backoff = Backoff::new(
+        settings.pipeline.retry_initial(),
+        settings.pipeline.retry_max().max(Duration::from_secs(1)),
+    );
     let mut rejections = 0;
     loop {
         let attempt = async {
@@ -342,6 +346,7 @@ async fn migrate_until_done(
                 "migrations not applied: the database does not answer: {err}"
             ));
         }
+        let delay = backoff.next_delay();
         warn!(
             error = %err,
             retry_in_ms = delay.as_millis() as u64,
@@ -349,7 +354,6 @@ async fn migrate_until_done(
             "migrations could not run; retrying"
         );
         actix_rt::time::sleep(delay).await;
-        delay = (delay * 2).min(settings.pipeline.retry_max().max(Duration::from_secs(1)));
     }
 }
 

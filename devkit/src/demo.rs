@@ -279,7 +279,7 @@ impl DemoReport {
         out
     }
 
-    /// Whether the run did what the seed promises: every event once, every poison record kept.
+    /// Whether the run did what the service promises: every event once, every poison record kept.
     pub fn is_correct(&self) -> bool {
         let s = &self.stats;
         self.consistent

@@ -19,6 +19,8 @@ use super::committer::OffsetCommitter;
 use super::messages::{
     Epoch, InspectWindows, Resolved, ResolvedOffset, TopicPartition, Work, WriteJob, WriteJobs,
 };
+use crate::domain::backoff::Backoff;
+use crate::domain::linger::{Decision, Linger};
 use crate::domain::{HistoryEvent, Resolution, bisect, process_history_batch};
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::metrics::{self, OutcomeClass, Stats};
@@ -55,8 +57,10 @@ pub struct DbWriter {
     /// front of a buffer that can hold tens of thousands of jobs).
     buffer: VecDeque<WriteJob>,
     state: State,
-    /// The next backoff delay; reset by a success.
-    next_delay: Duration,
+    /// When the buffered jobs are written.
+    linger: Linger<tokio::time::Instant>,
+    /// The delays between the attempts of a failing batch; reset by a success.
+    backoff: Backoff,
     attempt: u32,
 }
 
@@ -140,8 +144,8 @@ impl std::fmt::Display for Rejection {
 struct Parked {
     job: Job<HistoryEvent>,
     rejection: Rejection,
-    /// The delay before the next attempt.
-    delay: Duration,
+    /// The delays between its attempts.
+    backoff: Backoff,
     attempts: u32,
 }
 
@@ -169,7 +173,8 @@ impl DbWriter {
         settings: WriterSettings,
         stats: Arc<Stats>,
     ) -> Self {
-        let next_delay = settings.retry_initial;
+        let linger = Linger::new(settings.batch_max_events, settings.batch_linger);
+        let backoff = Backoff::new(settings.retry_initial, settings.retry_max);
         DbWriter {
             id,
             repository,
@@ -179,28 +184,32 @@ impl DbWriter {
             stats,
             buffer: VecDeque::new(),
             state: State::Idle,
-            next_delay,
+            linger,
+            backoff,
             attempt: 0,
         }
     }
 
     fn schedule(&mut self, ctx: &mut Context<Self>) {
-        let full = self.buffer.len() >= self.settings.batch_max_events;
-        match &self.state {
-            State::Idle if self.buffer.is_empty() => {}
-            State::Idle if full || self.settings.batch_linger.is_zero() => self.write_next(ctx),
-            State::Idle => {
-                let timer = ctx.run_later(self.settings.batch_linger, |writer, ctx| {
+        if let State::Writing | State::BackingOff = self.state {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        match (self.linger.decide(self.buffer.len(), now), &self.state) {
+            (Decision::WriteNow, State::Lingering(timer)) => {
+                ctx.cancel_future(*timer);
+                self.write_next(ctx);
+            }
+            (Decision::WriteNow, _) => self.write_next(ctx),
+            (Decision::WaitUntil(deadline), State::Idle) => {
+                let timer = ctx.run_later(deadline - now, |writer, ctx| {
                     writer.state = State::Idle;
                     writer.write_next(ctx);
                 });
                 self.state = State::Lingering(timer);
             }
-            State::Lingering(timer) if full => {
-                ctx.cancel_future(*timer);
-                self.write_next(ctx);
-            }
-            State::Lingering(_) | State::Writing | State::BackingOff => {}
+            // Already lingering towards that deadline, or nothing to write.
+            (Decision::WaitUntil(_), _) | (Decision::Idle, _) => {}
         }
     }
 
@@ -211,6 +220,7 @@ impl DbWriter {
         }
         let take = self.buffer.len().min(self.settings.batch_max_events);
         let batch = Batch::of(self.buffer.drain(..take));
+        self.linger.taken();
         self.write(batch, ctx);
     }
 
@@ -257,7 +267,7 @@ impl DbWriter {
                     );
                 }
                 self.attempt = 0;
-                self.next_delay = self.settings.retry_initial;
+                self.backoff.reset();
                 self.state = State::Idle;
                 self.schedule(ctx);
             }
@@ -266,8 +276,7 @@ impl DbWriter {
                     .outcomes(OutcomeClass::Unknown, batch.len() as u64);
                 self.stats.retry();
                 self.attempt += 1;
-                let delay = self.next_delay;
-                self.next_delay = (delay * 2).min(self.settings.retry_max);
+                let delay = self.backoff.next_delay();
                 warn!(
                     writer = self.id,
                     records = batch.len(),
@@ -332,16 +341,15 @@ impl DbWriter {
         let parked = Parked {
             job,
             rejection,
-            delay: self.settings.retry_initial,
+            backoff: Backoff::new(self.settings.retry_initial, self.settings.retry_max),
             attempts: 1,
         };
         self.retry_parked_later(parked, ctx);
     }
 
-    fn retry_parked_later(&mut self, parked: Parked, ctx: &mut Context<Self>) {
-        ctx.run_later(parked.delay, move |writer, ctx| {
-            writer.retry_parked(parked, ctx)
-        });
+    fn retry_parked_later(&mut self, mut parked: Parked, ctx: &mut Context<Self>) {
+        let delay = parked.backoff.next_delay();
+        ctx.run_later(delay, move |writer, ctx| writer.retry_parked(parked, ctx));
     }
 
     fn retry_parked(&mut self, mut parked: Parked, ctx: &mut Context<Self>) {
@@ -435,7 +443,6 @@ impl DbWriter {
                         "stuck event still rejected"
                     );
                     parked.attempts += 1;
-                    parked.delay = (parked.delay * 2).min(writer.settings.retry_max);
                     writer.retry_parked_later(parked, ctx);
                 }
             }

@@ -2,7 +2,8 @@
 
 use proptest::prelude::*;
 
-use super::event::{DecodeError, Field, HistoryEvent, MAX_ID_CHARS, MAX_STATUS_CHARS};
+use super::decode::{DecodeError, Field, MAX_ID_CHARS, MAX_STATUS_CHARS};
+use super::event::HistoryEvent;
 
 const LIMIT: usize = 4096;
 

@@ -3,8 +3,11 @@
 //! PostgreSQL (a test in `tests/it/layers.rs` keeps it so), so all of it is tested without a
 //! broker or a database.
 
+pub mod backoff;
 pub mod bisect;
+pub mod decode;
 pub mod event;
+pub mod linger;
 pub mod outcome;
 pub mod values;
 
@@ -15,7 +18,8 @@ mod fake_repository;
 #[cfg(test)]
 mod outcome_tests;
 
-pub use event::{DecodeError, Field, HistoryEvent};
+pub use decode::{DecodeError, Field};
+pub use event::HistoryEvent;
 pub use outcome::{
     HistoryRepository, HistoryTransaction, Outcome, Resolution, process_history_batch,
     process_history_once,

@@ -1,4 +1,4 @@
-//! The per-event transaction of SPEC §3 and its outcome contract, over an abstract repository.
+//! The per-event transaction and its outcome contract, over an abstract repository.
 //!
 //! The rules live here, apart from PostgreSQL, so a scripted fake can prove every path:
 //! Begin → TryInbox → (SaveHistory → Commit) with exactly one Rollback after a successful Begin on
@@ -49,7 +49,7 @@ pub trait HistoryRepository {
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
 }
 
-/// One open transaction. Its methods mirror the seed's steps one to one.
+/// One open transaction: claim the inbox marker, save the history row, commit or roll back.
 pub trait HistoryTransaction: Send {
     type Error;
 
@@ -109,7 +109,7 @@ pub trait HistoryTransaction: Send {
     fn rollback(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
-/// The seed's `ProcessHistoryOnce`: records one event at most once.
+/// Records one event at most once: the per-event transaction, with its outcome.
 pub async fn process_history_once<R: HistoryRepository>(
     repository: &R,
     event: &HistoryEvent,

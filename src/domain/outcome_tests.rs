@@ -1,4 +1,4 @@
-//! Every row and rule of SPEC §3, proven against the scripted fake repository.
+//! Every rule of the per-event transaction, proven against the scripted fake repository.
 
 use chrono::DateTime;
 use futures::executor::block_on;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use super::event::DecodeError;
+use super::decode::DecodeError;
 
 /// Counts the assignments of a partition to this process. Every message about a partition
 /// carries the epoch it belongs to, so that work of a revoked assignment is recognised and

@@ -13,6 +13,7 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::config::KafkaSettings;
+use crate::domain::backoff::Backoff;
 use crate::metrics;
 use crate::store::dead_letters::{self, PendingLetter, PublishRound};
 use crate::store::{PgPool, StoreError};
@@ -113,19 +114,20 @@ pub async fn relay(
     retry_initial: Duration,
     retry_max: Duration,
 ) {
-    let mut backoff: Option<Duration> = None;
+    let mut backoff = Backoff::new(retry_initial, retry_max);
+    let mut retry_in: Option<Duration> = None;
     loop {
-        match backoff {
+        match retry_in {
             // Failing: wait out the backoff, whatever arrives meanwhile.
             Some(delay) => tokio::time::sleep(delay).await,
             None => {
                 let _ = tokio::time::timeout(retry_max, publisher.wake.notified()).await;
             }
         }
-        backoff = loop {
+        retry_in = loop {
             match publisher.publish_round(&pool).await {
                 Ok(round) if round.failed > 0 => {
-                    let delay = backoff.map_or(retry_initial, |delay| (delay * 2).min(retry_max));
+                    let delay = backoff.next_delay();
                     warn!(
                         topic = %publisher.topic,
                         failed = round.failed,
@@ -142,10 +144,11 @@ pub async fn relay(
                         debug!(topic = %publisher.topic, published = round.published,
                             "dead letters published");
                     }
+                    backoff.reset();
                     break None;
                 }
                 Err(error) => {
-                    let delay = backoff.map_or(retry_initial, |delay| (delay * 2).min(retry_max));
+                    let delay = backoff.next_delay();
                     warn!(%error, retry_in_ms = delay.as_millis() as u64,
                         "cannot read the dead letters to publish: retrying");
                     break Some(delay);

@@ -1,4 +1,4 @@
-//! The PostgreSQL implementation of the seed's repository: one pooled connection per
+//! The PostgreSQL implementation of `domain::HistoryRepository`: one pooled connection per
 //! transaction, prepared statements, set-based batch statements.
 
 use bb8::PooledConnection;

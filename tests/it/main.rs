@@ -16,6 +16,7 @@ mod migrations;
 mod offset_reset;
 mod operations;
 mod operators_kit;
+mod pacing;
 mod pipeline;
 mod redelivery;
 mod repository;

@@ -403,7 +403,7 @@ async fn the_dashboard_parses_and_queries_only_families_the_service_exports() {
         missing.is_empty(),
         "the dashboard queries names /metrics does not have: {missing:?}\nexported: {exported:?}"
     );
-    // What the issue asks the dashboard to show.
+    // The series an operator needs to see on the dashboard.
     for shown in [
         "history_events_total",
         "history_consumer_lag",

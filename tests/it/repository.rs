@@ -1,4 +1,4 @@
-//! The seed's transaction on the real PostgreSQL repository.
+//! The per-event transaction on the real PostgreSQL repository.
 
 use futures::future::join_all;
 use history_service::domain::{

@@ -1,0 +1,184 @@
+//! The `history-service` command line: its arguments (`args`), the commands run from them (here)
+//! and what they print (`render`). Errors become `anyhow` here, at the binary's edge.
+
+mod args;
+mod render;
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+
+pub use args::{Cli, Command, DeadLetterSelection, DeadLettersCommand, MigrateArgs, VerifyArgs};
+
+use crate::config::Settings;
+use crate::store::dead_letters;
+use crate::store::{Database, migrate, verify};
+
+/// Parses the command line, runs the command, and maps the result to the exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    crate::telemetry::init(&settings.log);
+    let runtime = actix_rt::System::new();
+    let result = match cli.command {
+        Command::Run => runtime.block_on(run_service(&settings)),
+        Command::DeadLetters(command) => runtime.block_on(run_dead_letters(&settings, &command)),
+        Command::Migrate(args) => runtime.block_on(run_migrate(&settings, &args)),
+        Command::Verify(args) => runtime.block_on(run_verify(&settings, &args)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `run`'s exit code when it stopped gracefully but the final commit did not cover every
+/// record it wrote (the database or the broker did not answer in time): nothing is lost, the
+/// next owner re-reads those records.
+pub const EXIT_STOPPED_WITH_LEFTOVERS: u8 = 3;
+
+async fn run_service(settings: &Settings) -> anyhow::Result<ExitCode> {
+    let report = crate::app::run(settings, crate::app::shutdown_signal())
+        .await
+        .context("history-service failed")?;
+    Ok(if report.left.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_STOPPED_WITH_LEFTOVERS)
+    })
+}
+
+async fn run_dead_letters(
+    settings: &Settings,
+    command: &DeadLettersCommand,
+) -> anyhow::Result<ExitCode> {
+    let database = Database::from_settings(&settings.database)?;
+    let client = database
+        .connect()
+        .await
+        .with_context(|| format!("failed to connect to {}", database.target()))?;
+    match command {
+        DeadLettersCommand::List { filter, payload } => {
+            let letters = dead_letters::list(&client, &filter.filter()).await?;
+            render::dead_letters(&letters, *payload);
+            let counts = dead_letters::count_by_reason(&client).await?;
+            render::dead_letter_counts(letters.len(), &counts);
+            Ok(ExitCode::SUCCESS)
+        }
+        DeadLettersCommand::Replay {
+            filter,
+            to_topic,
+            all,
+            dry_run,
+        } => {
+            if !filter.narrows() && !all {
+                anyhow::bail!(
+                    "replay needs a selection (--topic, --partition, --offset, --reason) or --all"
+                );
+            }
+            let letters = dead_letters::list(&client, &filter.filter()).await?;
+            let replayer = if *dry_run {
+                None
+            } else {
+                Some(crate::kafka::replay::Replayer::new(&settings.kafka)?)
+            };
+            for letter in &letters {
+                let target = to_topic.as_deref().unwrap_or(&letter.topic);
+                let origin = format!("{}/{}/{}", letter.topic, letter.partition, letter.offset);
+                match &replayer {
+                    None => println!("would replay {origin} to {target}"),
+                    Some(replayer) => {
+                        let (partition, offset) = replayer
+                            .replay(letter, to_topic.as_deref())
+                            .await
+                            .with_context(|| format!("failed to replay {origin}"))?;
+                        dead_letters::mark_replayed(&client, letter).await?;
+                        println!("replayed {origin} to {target}/{partition}/{offset}");
+                    }
+                }
+            }
+            println!(
+                "{} {} dead letters",
+                if *dry_run { "would replay" } else { "replayed" },
+                letters.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        DeadLettersCommand::Publish => publish_dead_letters(settings, &database).await,
+    }
+}
+
+/// `dead-letters publish`: the relay's rounds, run once until nothing is pending or a round fails.
+async fn publish_dead_letters(
+    settings: &Settings,
+    database: &Database,
+) -> anyhow::Result<ExitCode> {
+    let topic = &settings.dead_letter.topic;
+    if topic.is_empty() {
+        anyhow::bail!("dead_letter.topic is not set: there is no topic to publish to");
+    }
+    let publisher =
+        crate::kafka::dead_letter_topic::DeadLetterPublisher::new(&settings.kafka, topic)?;
+    let pool = database.pool(1, settings.database.connect_timeout());
+    let (mut published, mut failed) = (0, 0);
+    loop {
+        let round = publisher.publish_round(&pool).await?;
+        published += round.published;
+        failed += round.failed;
+        if round.pending == 0 || round.failed > 0 {
+            break;
+        }
+    }
+    println!("published {published} dead letters to {topic}; {failed} failed");
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        println!("see `history-service dead-letters list` for each one's reason");
+        ExitCode::from(1)
+    })
+}
+
+async fn run_migrate(settings: &Settings, args: &MigrateArgs) -> anyhow::Result<ExitCode> {
+    let database = Database::from_settings(&settings.database)?;
+    let target = database.target();
+    if args.create_database && migrate::create_database_if_missing(&database).await? {
+        println!("created database {target}");
+    }
+    let mut client = database
+        .connect()
+        .await
+        .with_context(|| format!("failed to connect to {target}"))?;
+    let report = migrate::run_migrations(&mut client)
+        .await
+        .with_context(|| format!("failed to migrate {target}"))?;
+    render::migration(&target, &report);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_verify(settings: &Settings, args: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    let database = Database::from_settings(&settings.database)?;
+    let target = database.target();
+    let client = database
+        .connect()
+        .await
+        .with_context(|| format!("failed to connect to {target}"))?;
+    let report = verify::verify(&client, args.limit)
+        .await
+        .with_context(|| format!("failed to check {target}"))?;
+    render::verification(&target, &report);
+    Ok(if report.is_consistent() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
