@@ -88,11 +88,6 @@ impl Child {
         Self::spawn_binary(env!("CARGO_BIN_EXE_history-service").as_ref(), args, env)
     }
 
-    /// `history-dev` (the development kit's binary) with these arguments.
-    pub fn spawn_dev(args: &[&str], env: &[(String, String)]) -> Child {
-        Self::spawn_binary(&history_devkit::workspace_binary("history-dev"), args, env)
-    }
-
     fn spawn_binary(binary: &std::path::Path, args: &[&str], env: &[(String, String)]) -> Child {
         let log =
             std::env::temp_dir().join(format!("history-child-{:016x}.log", rand::random::<u64>()));
