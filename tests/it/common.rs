@@ -215,21 +215,3 @@ pub async fn wait_committed(
         actix_rt::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
-
-/// The service's `/metrics` page, once it answers.
-pub(crate) async fn scrape(port: u16) -> String {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match tokio::task::spawn_blocking(move || history_devkit::probe::get(port, "/metrics"))
-            .await
-            .unwrap()
-        {
-            Ok((200, body)) => return body,
-            other => assert!(
-                std::time::Instant::now() < deadline,
-                "scrape failed: {other:?}"
-            ),
-        }
-        actix_rt::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-}
