@@ -88,8 +88,10 @@ impl Options {
         self
     }
 
-    /// Another instance of `app`'s deployment: its database, broker, topic and group.
+    /// Another instance of `app`'s deployment: its database, broker, topic, group and the
+    /// variables it set (call it before changing any of them).
     pub fn share(&mut self, app: &TestApp) -> &mut Self {
+        self.env = app.overrides.clone();
         self.database = Some(app.db.clone());
         self.broker = app.broker.clone();
         self.external_brokers = app.broker.is_none().then(|| app.brokers.clone());
@@ -131,6 +133,8 @@ pub struct TestApp {
     pub partitions: i32,
     pub group: String,
     env: Vec<(String, String)>,
+    /// The variables set over the test environment ([`Options::env`], [`TestApp::set_env`]).
+    overrides: Vec<(String, String)>,
     inspector: Arc<GroupInspector>,
     port: Cell<Option<u16>>,
 }
@@ -182,6 +186,7 @@ impl TestApp {
             partitions: options.partitions,
             group: options.group,
             env,
+            overrides: options.env,
             inspector,
             port: Cell::new(None),
         }
@@ -224,6 +229,7 @@ impl TestApp {
     /// Sets a variable for the next [`TestApp::start`].
     pub fn set_env(&mut self, key: &str, value: impl AsRef<str>) {
         set_var(&mut self.env, key, value.as_ref());
+        set_var(&mut self.overrides, key, value.as_ref());
     }
 
     /// The settings the service reads from [`TestApp::env`].
