@@ -9,7 +9,7 @@ use secrecy::SecretString;
 
 use super::DevError;
 use super::broker::EmbeddedBroker;
-use super::group::GroupInspector;
+use super::group::{self, GroupInspector};
 use super::workload::{self, RecordKind, WorkloadSpec};
 use history_service::app::{self, RunHandles};
 use history_service::config::Settings;
@@ -183,42 +183,21 @@ async fn wait_until_committed(
     total: usize,
     timeout: Duration,
 ) -> Result<Vec<Option<i64>>, DevError> {
-    let deadline = Instant::now() + timeout;
-    let partitions = ends.len() as i32;
     let mut last_progress = Instant::now();
-    loop {
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    let committed = group::wait_committed(inspector, &topic, &ends, timeout, || {
         if let Some(stats) = handles.stats.get() {
             if last_progress.elapsed() >= Duration::from_secs(1) {
                 progress(stats, total);
                 last_progress = Instant::now();
             }
         }
-        let committed = {
-            let inspector = inspector.clone();
-            let topic = topic.clone();
-            tokio::task::spawn_blocking(move || {
-                inspector.committed(&topic, partitions, Duration::from_secs(2))
-            })
-            .await
-            .expect("inspector thread")
-        };
-        if let Ok(committed) = committed {
-            let done = committed
-                .iter()
-                .zip(&ends)
-                .all(|(committed, end)| *end == 0 || *committed == Some(*end));
-            if done {
-                if let Some(stats) = handles.stats.get() {
-                    progress(stats, total);
-                }
-                return Ok(committed);
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(DevError::Timeout(timeout));
-        }
+    })
+    .await
+    .map_err(|_| DevError::Timeout(timeout))?;
+    if let Some(stats) = handles.stats.get() {
+        progress(stats, total);
     }
+    Ok(committed)
 }
 
 fn progress(stats: &Stats, total: usize) {

@@ -73,3 +73,52 @@ impl GroupInspector {
             .collect()
     }
 }
+
+/// The group did not commit the expected offsets in time.
+#[derive(Debug, thiserror::Error)]
+#[error("group not committed to {ends:?} of {topic} within {timeout:?}; last read: {last}")]
+pub struct NotCommitted {
+    pub topic: String,
+    pub ends: Vec<i64>,
+    pub timeout: Duration,
+    /// The last committed offsets read, or why they could not be read.
+    pub last: String,
+}
+
+/// Waits until the group's committed offsets, read by `inspector` (a separate client, as an
+/// operator's tool would), equal `ends`: `Some(end)` for every partition with records, nothing
+/// committed for an empty one. Calls `between` after every reading that was not there yet.
+pub async fn wait_committed(
+    inspector: std::sync::Arc<GroupInspector>,
+    topic: &str,
+    ends: &[i64],
+    timeout: Duration,
+    mut between: impl FnMut(),
+) -> Result<Vec<Option<i64>>, NotCommitted> {
+    let deadline = std::time::Instant::now() + timeout;
+    let partitions = ends.len() as i32;
+    let expected: Vec<Option<i64>> = ends.iter().map(|&end| (end > 0).then_some(end)).collect();
+    loop {
+        let committed = {
+            let (inspector, topic) = (inspector.clone(), topic.to_owned());
+            tokio::task::spawn_blocking(move || {
+                inspector.committed(&topic, partitions, Duration::from_secs(2))
+            })
+            .await
+            .expect("the inspector's thread does not panic")
+        };
+        if committed.as_ref().ok() == Some(&expected) {
+            return Ok(expected);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(NotCommitted {
+                topic: topic.to_owned(),
+                ends: ends.to_vec(),
+                timeout,
+                last: format!("{committed:?}"),
+            });
+        }
+        between();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,8 +1,10 @@
 //! history-service's development kit: the embedded broker and its faults, generated
-//! workloads, a throwaway PostgreSQL, the group inspector (committed offsets as an operator
-//! reads them), an HTTP/metrics probe, /proc CPU readings and one child-process wrapper — the
-//! test-support library the tests take as a dev-dependency — and the `history-dev` commands:
-//! the demo, the benchmark and `dev-kafka`. Nothing here is linked into the production binary.
+//! workloads, a throwaway PostgreSQL server and a throwaway database per test, the group
+//! inspector (committed offsets as an operator reads them), an HTTP probe and the one metrics
+//! reader, /proc CPU readings, one child-process wrapper and `TestApp` (the service under test
+//! with its database, broker, topic and group) — the test-support library the tests take as a
+//! dev-dependency — and the `history-dev` commands: the demo, the benchmark and `dev-kafka`.
+//! Nothing here is linked into the production binary.
 
 pub mod bench;
 pub mod broker;
@@ -13,6 +15,8 @@ pub mod group;
 pub mod postgres;
 pub mod probe;
 pub mod process;
+pub mod test_app;
+pub mod test_db;
 pub mod workload;
 
 use std::path::PathBuf;

@@ -140,7 +140,12 @@ impl ThrowawayCluster {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
                 .map_err(|e| fail("hand its directory to postgres", &e))?;
         }
-        let port = free_port().map_err(|e| fail("find a free port", &e))?;
+        // PostgreSQL binds its port itself (it takes no socket handed over): one the OS gave
+        // out a moment ago.
+        let port = crate::process::local_listener()
+            .and_then(|listener| listener.local_addr())
+            .map_err(|e| fail("find a free port", &e))?
+            .port();
         let cluster = ThrowawayCluster {
             dir,
             port,
@@ -220,10 +225,4 @@ fn postgres_user() -> Option<(u32, u32)> {
     }
     let entry = unsafe { &*entry };
     Some((entry.pw_uid, entry.pw_gid))
-}
-
-fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }

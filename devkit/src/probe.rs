@@ -1,6 +1,8 @@
-//! A minimal HTTP/1.0 client for the service's own endpoints (`/metrics`, `/readyz`), used by
-//! the benchmark and the tests to look at a running service from outside.
+//! A minimal HTTP/1.0 client for the service's own endpoints (`/metrics`, `/readyz`), and the
+//! one reader of its Prometheus text exposition ([`Metrics`]), used by the benchmark and the
+//! tests to look at a running service from outside.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::time::Duration;
 
@@ -23,10 +25,188 @@ pub fn get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
-/// The value of one series in a Prometheus text exposition, if present.
+/// The value of one series in a Prometheus text exposition, if present (see [`Metrics::get`]).
 pub fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let (name, value) = line.rsplit_once(' ')?;
-        (name == series).then(|| value.parse().ok())?
-    })
+    Metrics::parse(text).get(series)
+}
+
+/// One sample line of an exposition: `name{labels} value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The series as written, everything before the value: `name{label="value",...}`.
+    pub series: String,
+    /// The sample's name (a histogram's `_bucket`, `_sum` and `_count` are names of their own).
+    pub name: String,
+    /// The labels in the order written, values unescaped.
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of the label `key`, if the series has it.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn parse(line: &str) -> Option<Sample> {
+        let (series, value) = line.rsplit_once(' ')?;
+        let value = value.parse().ok()?;
+        let (name, labels) = match series.split_once('{') {
+            Some((name, rest)) => (name, parse_labels(rest.strip_suffix('}')?)?),
+            None => (series, Vec::new()),
+        };
+        Some(Sample {
+            series: series.to_owned(),
+            name: name.to_owned(),
+            labels,
+            value,
+        })
+    }
+}
+
+/// `key="value",key="value"` with `\"`, `\\` and `\n` escapes in the values.
+fn parse_labels(mut text: &str) -> Option<Vec<(String, String)>> {
+    let mut labels = Vec::new();
+    while !text.is_empty() {
+        let (key, rest) = text.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (at, '"') => break at,
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                (_, c) => value.push(c),
+            }
+        };
+        labels.push((key.trim().to_owned(), value));
+        text = rest[end + 1..].trim_start_matches(',');
+    }
+    Some(labels)
+}
+
+/// A parsed `/metrics` page: look a series up, sum a family, select series by label.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    text: String,
+    samples: Vec<Sample>,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let samples = text
+            .lines()
+            .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+            .filter_map(Sample::parse)
+            .collect();
+        Metrics {
+            text: text.to_owned(),
+            samples,
+        }
+    }
+
+    /// The exposition as served.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Every sample, in the order served.
+    pub fn samples(&self) -> &[Sample] {
+        &self.samples
+    }
+
+    /// The value of one series, written as the exposition writes it:
+    /// `history_events_total{outcome="applied"}`, or a bare name for a series without labels.
+    pub fn get(&self, series: &str) -> Option<f64> {
+        self.samples
+            .iter()
+            .find(|sample| sample.series == series)
+            .map(|sample| sample.value)
+    }
+
+    /// The series of `name` that carry every one of `labels` (and maybe more).
+    pub fn select<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&'a str, &'a str)],
+    ) -> impl Iterator<Item = &'a Sample> + 'a {
+        self.samples.iter().filter(move |sample| {
+            sample.name == name
+                && labels
+                    .iter()
+                    .all(|(key, value)| sample.label(key) == Some(value))
+        })
+    }
+
+    /// The value of the one series of `name` with these labels, if there is one.
+    pub fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.select(name, labels).next().map(|sample| sample.value)
+    }
+
+    /// The sum over every series of `name`.
+    pub fn sum(&self, name: &str) -> f64 {
+        self.select(name, &[]).map(|sample| sample.value).sum()
+    }
+
+    /// Every sample name served (histograms as `_bucket`, `_sum`, `_count`).
+    pub fn names(&self) -> BTreeSet<String> {
+        self.samples
+            .iter()
+            .map(|sample| sample.name.clone())
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "# HELP history_events_total Events by outcome.\n\
+        # TYPE history_events_total counter\n\
+        history_events_total{outcome=\"applied\"} 12\n\
+        history_events_total{outcome=\"already_applied\"} 3\n\
+        history_retries_total 0\n\
+        history_stuck_event{topic=\"t\",partition=\"2\",message=\"a \\\"b\\\", c\"} 1\n\
+        history_transaction_seconds_count 4\n";
+
+    #[test]
+    fn series_are_found_as_written_summed_by_name_and_selected_by_label() {
+        let metrics = Metrics::parse(TEXT);
+        assert_eq!(
+            metrics.get("history_events_total{outcome=\"applied\"}"),
+            Some(12.0)
+        );
+        assert_eq!(metrics.get("history_retries_total"), Some(0.0));
+        assert_eq!(metrics.get("history_events_total"), None);
+        assert_eq!(metrics.sum("history_events_total"), 15.0);
+        assert_eq!(
+            metrics.value("history_stuck_event", &[("partition", "2")]),
+            Some(1.0)
+        );
+        let stuck = metrics.select("history_stuck_event", &[]).next().unwrap();
+        assert_eq!(stuck.label("message"), Some("a \"b\", c"));
+        assert_eq!(stuck.label("topic"), Some("t"));
+        assert_eq!(
+            metrics.names().into_iter().collect::<Vec<_>>(),
+            [
+                "history_events_total",
+                "history_retries_total",
+                "history_stuck_event",
+                "history_transaction_seconds_count"
+            ]
+        );
+        assert_eq!(sample(TEXT, "history_transaction_seconds_count"), Some(4.0));
+        assert_eq!(metrics.to_string(), TEXT);
+    }
 }

@@ -5,11 +5,11 @@ use std::io::{Read, Write};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use history_devkit::broker::EmbeddedBroker;
-use history_devkit::probe::{get as http_get, sample};
+use history_devkit::process::local_listener;
+use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, WorkloadSpec, distinct_events};
 
-use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
+use crate::common::TestDb;
 
 /// Runs the binary to its end with the given environment (no config file, HTTP off unless
 /// set, migrations off unless set); a run still going after 30 s is killed (a start-up error
@@ -171,7 +171,7 @@ async fn replaying_with_a_producer_librdkafka_refuses_fails_without_the_value() 
 
 #[test]
 fn a_port_in_use_fails_cleanly_naming_the_cause() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = local_listener().unwrap();
     let listen = listener.local_addr().unwrap().to_string();
     let output = run_to_end(
         &["run"],
@@ -227,102 +227,46 @@ fn request(port: u16, method: &str, path: &str) -> (u16, String) {
     (status, response)
 }
 
-async fn get(port: u16, path: &'static str) -> (u16, String) {
-    tokio::task::spawn_blocking(move || http_get(port, path).unwrap_or((0, String::new())))
-        .await
-        .unwrap()
+/// Waits until the `history_ready` gauge is `value`.
+async fn wait_for_gauge(app: &TestApp, value: f64, timeout: Duration) {
+    app.wait_for_metrics(timeout, |m| m.get("history_ready") == Some(value))
+        .await;
 }
 
-/// Polls until `done` holds for what `path` answers; returns that answer.
-async fn wait_for(
-    port: u16,
-    path: &'static str,
-    timeout: Duration,
-    done: impl Fn(u16, &str) -> bool,
-) -> (u16, String) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let (status, body) = get(port, path).await;
-        if done(status, &body) {
-            return (status, body);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{path} never as expected; last: {status} {body}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn ready_gauge(port: u16) -> Option<f64> {
-    sample(&get(port, "/metrics").await.1, "history_ready")
-}
-
-async fn wait_for_gauge(port: u16, value: f64, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    while ready_gauge(port).await != Some(value) {
-        assert!(
-            Instant::now() < deadline,
-            "history_ready never {value}: {:?}",
-            ready_gauge(port).await
-        );
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn wait_for_log(service: &Child, parts: &[&str], timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let logs = service.logs();
-        if logs
-            .lines()
-            .any(|line| parts.iter().all(|part| line.contains(part)))
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no log line with {parts:?}:\n{logs}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+/// A database URL on the test server naming a database that does not exist.
+fn missing_database() -> String {
+    let missing = format!("history_missing_{:x}", rand::random::<u64>());
+    format!(
+        "{}/{missing}",
+        crate::common::base_url().trim_end_matches('/')
+    )
 }
 
 #[actix_rt::test]
 async fn while_the_database_is_missing_healthz_answers_readyz_says_why_and_sigterm_stops_it() {
-    let port = free_port();
-    let missing = format!("history_missing_{:x}", rand::random::<u64>());
-    let url = format!(
-        "{}/{missing}",
-        crate::common::base_url().trim_end_matches('/')
-    );
-    let mut env = service_env(&url, "127.0.0.1:1", "history-missing", TOPIC);
-    env.extend(
-        [
-            ("HISTORY__HTTP__ENABLED", "true".to_owned()),
-            ("HISTORY__HTTP__LISTEN", format!("127.0.0.1:{port}")),
-        ]
-        .map(|(k, v)| (k.to_owned(), v)),
-    );
-    let mut service = Child::spawn(&["run"], &env);
+    let mut app = TestApp::spawn(|o| {
+        o.migrate = false;
+        o.external_brokers = Some("127.0.0.1:1".into());
+        o.env("HISTORY__DATABASE__URL", missing_database());
+    })
+    .await;
+    let port = app.port();
 
-    wait_for(port, "/healthz", Duration::from_secs(20), |status, _| {
+    app.wait_for_answer("/healthz", Duration::from_secs(20), |status, _| {
         status == 200
     })
     .await;
-    let (_, reason) = wait_for(port, "/readyz", Duration::from_secs(20), |status, body| {
-        status == 503 && body.contains("3D000")
-    })
-    .await;
+    let (_, reason) = app
+        .wait_for_answer("/readyz", Duration::from_secs(20), |status, body| {
+            status == 503 && body.contains("3D000")
+        })
+        .await;
     assert!(reason.contains("starting"), "{reason}");
     assert!(reason.contains("does not exist"), "{reason}");
-    assert_eq!(ready_gauge(port).await, Some(0.0));
+    assert_eq!(app.metrics().await.get("history_ready"), Some(0.0));
     // The database's own reason is in the log, not just "db error".
-    wait_for_log(
-        &service,
-        &["3D000", "does not exist"],
-        Duration::from_secs(10),
-    );
+    app.wait_for_log(&["3D000", "does not exist"], Duration::from_secs(10))
+        .await;
 
     // Only GET and HEAD, on the three paths.
     let (status, response) = request(port, "POST", "/healthz");
@@ -337,22 +281,25 @@ async fn while_the_database_is_missing_healthz_answers_readyz_says_why_and_sigte
     assert_eq!(request(port, "GET", "/nothing").0, 404);
 
     let asked = Instant::now();
-    service.signal(libc::SIGTERM);
-    assert_eq!(service.wait(Duration::from_secs(10)), Some(0));
+    assert_eq!(app.stop(), Some(0));
     assert!(
         asked.elapsed() < Duration::from_secs(5),
         "{:?}",
         asked.elapsed()
     );
-    let logs = service.logs();
+    let logs = app.logs();
     assert!(!logs.contains("panicked"), "{logs}");
 }
 
 #[actix_rt::test]
 async fn without_migrations_the_writers_retries_name_the_missing_database() {
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, 1).unwrap();
-    let brokers = broker.bootstrap_servers();
+    let mut app = TestApp::prepare(|o| {
+        o.migrate = false;
+        o.env("HISTORY__DATABASE__URL", missing_database())
+            .env("HISTORY__DATABASE__MIGRATE_ON_START", "false")
+            .env("HISTORY__DATABASE__CONNECT_TIMEOUT_MS", "500");
+    })
+    .await;
     let records = workload::generate(&WorkloadSpec {
         records: 5,
         duplicates: 0.0,
@@ -363,34 +310,22 @@ async fn without_migrations_the_writers_retries_name_the_missing_database() {
         max_payload_bytes: 65536,
         seed: 5,
     });
-    produce(&brokers, &records).await;
-    let missing = format!("history_missing_{:x}", rand::random::<u64>());
-    let url = format!(
-        "{}/{missing}",
-        crate::common::base_url().trim_end_matches('/')
-    );
-    let mut env = service_env(&url, &brokers, "history-missing-writes", TOPIC);
-    env.extend(
-        [
-            ("HISTORY__DATABASE__MIGRATE_ON_START", "false"),
-            ("HISTORY__DATABASE__CONNECT_TIMEOUT_MS", "500"),
-        ]
-        .map(|(k, v)| (k.to_owned(), v.to_owned())),
-    );
-    let service = Child::spawn(&["run"], &env);
-    wait_for_log(
-        &service,
+    app.produce(&records).await;
+    app.start();
+    app.wait_for_log(
         &["write failed", "3D000", "does not exist"],
         Duration::from_secs(30),
-    );
+    )
+    .await;
 }
 
 #[actix_rt::test]
 async fn readyz_turns_503_while_every_write_fails_and_back_once_they_succeed() {
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, 3).unwrap();
-    let brokers = broker.bootstrap_servers();
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 3;
+        o.env("HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS", "1500");
+    })
+    .await;
     let spec = |records, prefix: &str, seed| WorkloadSpec {
         records,
         duplicates: 0.0,
@@ -402,76 +337,56 @@ async fn readyz_turns_503_while_every_write_fails_and_back_once_they_succeed() {
         seed,
     };
     let first = workload::generate(&spec(60, "ready-a", 1));
-    produce(&brokers, &first).await;
-    let first_ends = crate::common::topic_ends(&brokers, 3).await;
-
-    let port = free_port();
-    let group = "history-write-health";
-    let mut env = service_env(&db.url(), &brokers, group, TOPIC);
-    env.extend(
-        [
-            ("HISTORY__HTTP__ENABLED", "true".to_owned()),
-            ("HISTORY__HTTP__LISTEN", format!("127.0.0.1:{port}")),
-            (
-                "HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS",
-                "1500".to_owned(),
-            ),
-        ]
-        .map(|(k, v)| (k.to_owned(), v)),
-    );
-    let mut service = Child::spawn(&["run"], &env);
-    wait_committed(&brokers, group, &first_ends, Duration::from_secs(60)).await;
-    wait_for(port, "/readyz", Duration::from_secs(10), |status, _| {
+    app.produce(&first).await;
+    app.start();
+    app.wait_committed(Duration::from_secs(60)).await;
+    app.wait_for_answer("/readyz", Duration::from_secs(10), |status, _| {
         status == 200
     })
     .await;
-    wait_for_gauge(port, 1.0, Duration::from_secs(5)).await;
+    wait_for_gauge(&app, 1.0, Duration::from_secs(5)).await;
 
     // Someone adds a constraint no row satisfies: every write fails from now on.
-    let admin = db.client().await;
+    let admin = app.db.client().await;
     admin
         .batch_execute("ALTER TABLE history_events ADD CONSTRAINT no_rows CHECK (false) NOT VALID")
         .await
         .unwrap();
     let failing_from = Instant::now();
     let second = workload::generate(&spec(30, "ready-b", 2));
-    produce(&brokers, &second).await;
-    let second_ends = crate::common::topic_ends(&brokers, 3).await;
+    app.produce(&second).await;
+    let second_ends = app.ends().await;
     // The gauge follows without anyone asking /readyz.
-    wait_for_gauge(port, 0.0, Duration::from_secs(20)).await;
+    wait_for_gauge(&app, 0.0, Duration::from_secs(20)).await;
     assert!(
         failing_from.elapsed() >= Duration::from_millis(1500),
         "unready before the configured time: {:?}",
         failing_from.elapsed()
     );
-    let (_, reason) = get(port, "/readyz").await;
+    let (_, reason) = app.get("/readyz").await;
     assert!(reason.contains("every write has failed"), "{reason}");
     assert!(reason.contains("23514"), "{reason}");
     assert!(reason.contains("no_rows"), "{reason}");
     // Every event is rejected by itself: the log names them (bisected, each retried alone).
-    wait_for_log(&service, &["23514", "no_rows"], Duration::from_secs(5));
+    app.wait_for_log(&["23514", "no_rows"], Duration::from_secs(5))
+        .await;
 
     admin
         .batch_execute("ALTER TABLE history_events DROP CONSTRAINT no_rows")
         .await
         .unwrap();
-    wait_for(port, "/readyz", Duration::from_secs(20), |status, _| {
+    app.wait_for_answer("/readyz", Duration::from_secs(20), |status, _| {
         status == 200
     })
     .await;
-    wait_for_gauge(port, 1.0, Duration::from_secs(5)).await;
-    wait_committed(&brokers, group, &second_ends, Duration::from_secs(60)).await;
+    wait_for_gauge(&app, 1.0, Duration::from_secs(5)).await;
+    app.wait_committed_to(&second_ends, Duration::from_secs(60))
+        .await;
     assert_eq!(
-        db.count("history_events").await,
+        app.db.count("history_events").await,
         (distinct_events(&first) + distinct_events(&second)) as i64
     );
-    service.signal(libc::SIGTERM);
-    assert_eq!(
-        service.wait(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        service.logs()
-    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
 #[actix_rt::test]

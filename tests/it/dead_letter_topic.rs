@@ -6,14 +6,16 @@ use std::time::{Duration, Instant};
 
 use history_devkit::broker::EmbeddedBroker;
 use history_devkit::group::GroupInspector;
-use history_devkit::probe::sample;
+use history_devkit::test_app::TestApp;
 use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
 use rdkafka::types::RDKafkaRespErr;
 
-use crate::common::scrape;
-use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
+use crate::common::TestDb;
 
 const DLQ: &str = "history.dlq";
+
+/// The source topic of the dead letters that the tests without a service insert themselves.
+const TOPIC: &str = "tickets.status.v1";
 
 fn record(n: usize) -> PlannedRecord {
     if n % 10 == 3 {
@@ -59,9 +61,12 @@ async fn publish_state(db: &TestDb) -> (i64, i64, i64) {
 
 #[actix_rt::test]
 async fn a_dead_letter_topic_that_refuses_letters_blocks_nothing_and_is_caught_up_later() {
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, 2).unwrap();
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.env("HISTORY__DEAD_LETTER__TOPIC", DLQ);
+    })
+    .await;
+    let broker = app.broker();
     broker.create_topic(DLQ, 1).unwrap();
     // Every produce to the dead-letter topic is refused, as with a missing ACL.
     broker
@@ -71,43 +76,21 @@ async fn a_dead_letter_topic_that_refuses_letters_blocks_nothing_and_is_caught_u
             RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
         )
         .unwrap();
-    let brokers = broker.bootstrap_servers();
     let records: Vec<PlannedRecord> = (0..60).map(record).collect();
     let poison = records
         .iter()
         .filter(|r| matches!(r.kind, RecordKind::Poison { .. }))
         .count() as i64;
-    let delivered = produce(&brokers, &records).await;
-    let ends: Vec<i64> = (0..2)
-        .map(|p| {
-            delivered
-                .iter()
-                .filter(|d| d.partition == p)
-                .map(|d| d.offset + 1)
-                .max()
-                .unwrap()
-        })
-        .collect();
-
-    let port = free_port();
-    let mut env = service_env(&db.url(), &brokers, "history-dlq-topic", TOPIC);
-    env.push(("HISTORY__DEAD_LETTER__TOPIC".into(), DLQ.into()));
-    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
-    env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
-    let mut service = Child::spawn(&["run"], &env);
+    app.produce(&records).await;
+    app.start();
 
     // The partitions commit to their ends although no letter could be published.
-    wait_committed(
-        &brokers,
-        "history-dlq-topic",
-        &ends,
-        Duration::from_secs(30),
-    )
-    .await;
+    app.wait_committed(Duration::from_secs(30)).await;
+    let db: &TestDb = &app.db;
     assert_eq!(db.count("dead_letters").await, poison);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let (published, failing, attempts) = publish_state(&db).await;
+        let (published, failing, attempts) = publish_state(db).await;
         assert_eq!(published, 0, "the topic refuses everything");
         if failing == poison && attempts >= 2 * poison {
             break;
@@ -115,7 +98,7 @@ async fn a_dead_letter_topic_that_refuses_letters_blocks_nothing_and_is_caught_u
         assert!(
             Instant::now() < deadline,
             "failures not recorded and retried: {failing} failing, {attempts} attempts\n{}",
-            service.logs()
+            app.logs()
         );
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
@@ -127,45 +110,35 @@ async fn a_dead_letter_topic_that_refuses_letters_blocks_nothing_and_is_caught_u
         .unwrap()
         .get(0);
     assert!(error.contains("authoriz"), "{error}");
-    let failures = sample(
-        &scrape(port).await,
-        "history_dead_letter_publish_failures_total",
-    );
+    let failures = app
+        .metrics()
+        .await
+        .get("history_dead_letter_publish_failures_total");
     assert!(failures >= Some(poison as f64), "{failures:?}");
 
     // The topic accepts letters again: the relay publishes every one of them, once.
-    broker
+    app.broker()
         .cluster()
         .topic_error(DLQ, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while publish_state(&db).await.0 < poison {
-        assert!(
-            Instant::now() < deadline,
-            "not published:\n{}",
-            service.logs()
-        );
+    while publish_state(db).await.0 < poison {
+        assert!(Instant::now() < deadline, "not published:\n{}", app.logs());
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        publish_state(&db).await.1,
+        publish_state(db).await.1,
         0,
         "errors cleared once published"
     );
-    let inspector = GroupInspector::new(&brokers, "inspector").unwrap();
+    let inspector = GroupInspector::new(&app.brokers, "inspector").unwrap();
     let published = tokio::task::spawn_blocking(move || {
         inspector.ends(DLQ, 1, Duration::from_secs(5)).unwrap()
     })
     .await
     .unwrap();
     assert_eq!(published, vec![poison]);
-    service.signal(libc::SIGTERM);
-    assert_eq!(
-        service.wait(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        service.logs()
-    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
 fn operator(db: &TestDb, brokers: &str, args: &[&str]) -> (Option<i32>, String) {

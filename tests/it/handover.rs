@@ -4,12 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use history_devkit::broker::EmbeddedBroker;
-use history_devkit::group::GroupInspector;
+use history_devkit::process::Signal;
+use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, WorkloadSpec};
 use rand::Rng;
-
-use crate::common::{Child, TOPIC, TestDb, produce, service_env};
 
 /// `records` unique events (no duplicates, no poison) spread over the topic's partitions.
 fn unique_events(records: usize, prefix: &str, seed: u64) -> Vec<workload::PlannedRecord> {
@@ -26,33 +24,16 @@ fn unique_events(records: usize, prefix: &str, seed: u64) -> Vec<workload::Plann
 }
 
 /// The group's committed offsets summed over the partitions (none committed counts as 0).
-async fn committed_sum(brokers: &str, group: &str, partitions: i32) -> i64 {
-    let (brokers, group) = (brokers.to_owned(), group.to_owned());
-    tokio::task::spawn_blocking(move || {
-        GroupInspector::new(&brokers, &group)
-            .unwrap()
-            .committed(TOPIC, partitions, Duration::from_secs(5))
-            .unwrap()
-            .into_iter()
-            .map(|offset| offset.unwrap_or(0))
-            .sum()
-    })
-    .await
-    .unwrap()
+async fn committed_sum(app: &TestApp) -> i64 {
+    app.committed()
+        .await
+        .into_iter()
+        .map(|offset| offset.unwrap_or(0))
+        .sum()
 }
 
-/// Waits until at least `rows` history rows exist.
-async fn wait_rows_at_least(db: &TestDb, rows: i64, services: &[&Child]) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while db.count("history_events").await < rows {
-        assert!(
-            Instant::now() < deadline,
-            "stalled below {rows} rows:\n{}",
-            services.iter().map(|s| s.logs()).collect::<String>()
-        );
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+/// How long waiting for rows may take here: the backlogs are large.
+const ROWS_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The `key=value` number of the service's last "history-service stopped" line.
 fn stopped_field(logs: &str, key: &str) -> Option<u64> {
@@ -70,19 +51,18 @@ fn stopped_field(logs: &str, key: &str) -> Option<u64> {
 }
 
 /// Sends SIGTERM; returns how long the process took to exit, and its exit code.
-fn stop(service: &mut Child) -> (Duration, Option<i32>) {
-    stop_with(service, libc::SIGTERM)
+fn stop(service: &mut TestApp) -> (Duration, Option<i32>) {
+    stop_with(service, Signal::SIGTERM)
 }
 
-fn stop_with(service: &mut Child, signal: i32) -> (Duration, Option<i32>) {
+fn stop_with(service: &mut TestApp, signal: Signal) -> (Duration, Option<i32>) {
     let asked = Instant::now();
-    service.signal(signal);
-    let code = service.wait(Duration::from_secs(60));
+    let code = service.stop_with(signal);
     (asked.elapsed(), code)
 }
 
 /// Partition numbers named in the log lines containing `marker` (before `until`, if given).
-fn partitions_in(logs: &str, marker: &str, until: Option<&str>) -> Vec<i32> {
+fn partitions_in(logs: &str, topic: &str, marker: &str, until: Option<&str>) -> Vec<i32> {
     let mut found = Vec::new();
     for line in logs.lines() {
         if until.is_some_and(|until| line.contains(until)) {
@@ -92,8 +72,8 @@ fn partitions_in(logs: &str, marker: &str, until: Option<&str>) -> Vec<i32> {
             continue;
         }
         let mut rest = line;
-        while let Some(at) = rest.find(&format!("{TOPIC}[")) {
-            rest = &rest[at + TOPIC.len() + 1..];
+        while let Some(at) = rest.find(&format!("{topic}[")) {
+            rest = &rest[at + topic.len() + 1..];
             let number: String = rest.chars().take_while(char::is_ascii_digit).collect();
             if let Ok(partition) = number.parse() {
                 found.push(partition);
@@ -125,45 +105,42 @@ async fn sigterm_under_the_eager_protocol_commits_exactly_the_rows_written() {
 /// and quick, and leaves the group's committed offsets equal to the rows written.
 async fn stops_commit_exactly_what_was_written(stops: usize, property: Option<(&str, &str)>) {
     let partitions = 12;
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, partitions).unwrap();
-    let brokers = broker.bootstrap_servers();
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = partitions;
+        if let Some((key, value)) = property {
+            o.env(key, value);
+        }
+        // A small window keeps each stop's drain small, so the backlog lasts for every stop.
+        o.env("HISTORY__PIPELINE__MAX_IN_FLIGHT_PER_PARTITION", "100");
+    })
+    .await;
     let total = 60_000;
-    produce(&brokers, &unique_events(total, "stop", 42)).await;
-    let group = "history-sigterm";
-    let mut env = service_env(&db.url(), &brokers, group, TOPIC);
-    env.extend(property.map(|(k, v)| (k.to_owned(), v.to_owned())));
-    // A small window keeps each stop's drain small, so the backlog lasts for every stop.
-    env.push((
-        "HISTORY__PIPELINE__MAX_IN_FLIGHT_PER_PARTITION".into(),
-        "100".into(),
-    ));
+    app.produce(&unique_events(total, "stop", 42)).await;
     let mut rng = rand::rng();
 
     let mut slowest = Duration::ZERO;
     for attempt in 0..stops {
-        let before = db.count("history_events").await;
-        let mut service = Child::spawn(&["run"], &env);
+        let before = app.db.count("history_events").await;
+        app.start();
         // A random moment well inside the backlog.
         let target = before + rng.random_range(200..2_500);
-        wait_rows_at_least(&db, target, &[&service]).await;
+        app.wait_rows(target, ROWS_TIMEOUT).await;
         // SIGHUP asks for the same graceful stop as SIGTERM.
         let signal = if attempt == 1 {
-            libc::SIGHUP
+            Signal::SIGHUP
         } else {
-            libc::SIGTERM
+            Signal::SIGTERM
         };
-        let (took, code) = stop_with(&mut service, signal);
-        let logs = service.logs();
+        let (took, code) = stop_with(&mut app, signal);
+        let logs = app.logs();
         assert_eq!(code, Some(0), "stop {attempt}: not a clean stop\n{logs}");
         slowest = slowest.max(took);
         assert!(
             took < Duration::from_secs(2),
             "stop {attempt} took {took:?}: it waited out a timeout\n{logs}"
         );
-        let rows = db.count("history_events").await;
-        let committed = committed_sum(&brokers, group, partitions).await;
+        let rows = app.db.count("history_events").await;
+        let committed = committed_sum(&app).await;
         assert_eq!(
             committed, rows,
             "stop {attempt}: offsets committed != rows written\n{logs}"
@@ -209,8 +186,13 @@ async fn a_member_joining_and_leaving_mid_backlog_redoes_nothing_and_moves_only_
             );
         }
     }
-    let given_away = partitions_in(&first_logs, "partitions revoked", Some("SIGTERM received"));
-    let taken = partitions_in(&second_logs, "partitions assigned", None);
+    let given_away = partitions_in(
+        &first_logs,
+        TOPIC,
+        "partitions revoked",
+        Some("SIGTERM received"),
+    );
+    let taken = partitions_in(&second_logs, TOPIC, "partitions assigned", None);
     assert!(
         !given_away.is_empty() && given_away.len() < JOIN_PARTITIONS as usize,
         "cooperative: only the partitions that move are revoked, got {given_away:?}"
@@ -226,7 +208,12 @@ async fn a_member_joining_and_leaving_mid_backlog_redoes_nothing_and_moves_only_
 #[actix_rt::test]
 async fn a_member_joining_and_leaving_under_the_eager_protocol_loses_and_doubles_nothing() {
     let (first_logs, _) = join_and_leave(Some(EAGER)).await;
-    let given_away = partitions_in(&first_logs, "partitions revoked", Some("SIGTERM received"));
+    let given_away = partitions_in(
+        &first_logs,
+        TOPIC,
+        "partitions revoked",
+        Some("SIGTERM received"),
+    );
     assert_eq!(
         given_away.len(),
         JOIN_PARTITIONS as usize,
@@ -236,45 +223,51 @@ async fn a_member_joining_and_leaving_under_the_eager_protocol_loses_and_doubles
 
 const JOIN_PARTITIONS: i32 = 8;
 
+/// The topic of the join-and-leave tests, named so that their logs can be read afterwards.
+const TOPIC: &str = "tickets.status.join";
+
 /// A second member joins mid-backlog and later leaves with SIGTERM; the first finishes the
 /// backlog and stops. Checks rows and offsets; returns both members' logs.
 async fn join_and_leave(property: Option<(&str, &str)>) -> (String, String) {
-    let partitions = JOIN_PARTITIONS;
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, partitions).unwrap();
-    let brokers = broker.bootstrap_servers();
+    let mut first = TestApp::prepare(|o| {
+        o.partitions = JOIN_PARTITIONS;
+        o.topic = TOPIC.into();
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+        if let Some((key, value)) = property {
+            o.env(key, value);
+        }
+    })
+    .await;
     // Enough for the backlog to outlast two rebalances (the mock broker takes seconds each).
     let total = 120_000;
-    produce(&brokers, &unique_events(total, "join", 7)).await;
-    let group = "history-join";
-    let mut env = service_env(&db.url(), &brokers, group, TOPIC);
-    env.push(("HISTORY__PIPELINE__BATCH_MAX_EVENTS".into(), "100".into()));
-    env.extend(property.map(|(k, v)| (k.to_owned(), v.to_owned())));
+    first.produce(&unique_events(total, "join", 7)).await;
 
-    let mut first = Child::spawn(&["run"], &env);
-    wait_rows_at_least(&db, 2_000, &[&first]).await;
-    let mut second = Child::spawn(&["run"], &env);
+    first.start();
+    first.wait_rows(2_000, ROWS_TIMEOUT).await;
+    let mut second = TestApp::spawn(|o| {
+        o.share(&first);
+    })
+    .await;
     // The newcomer got partitions and wrote some of their records.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while partitions_in(&second.logs(), "partitions assigned", None).is_empty() {
+    while partitions_in(&second.logs(), TOPIC, "partitions assigned", None).is_empty() {
         assert!(
-            db.count("history_events").await < total as i64,
+            first.db.count("history_events").await < total as i64,
             "the backlog ran out before the second member got partitions"
         );
         assert!(Instant::now() < deadline, "{}", second.logs());
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
-    let joined_at = db.count("history_events").await;
-    wait_rows_at_least(&db, joined_at + 3_000, &[&first, &second]).await;
+    let joined_at = first.db.count("history_events").await;
+    first.wait_rows(joined_at + 3_000, ROWS_TIMEOUT).await;
     let (_, code) = stop(&mut second);
     let second_logs = second.logs();
     assert_eq!(code, Some(0), "{second_logs}");
 
     // The first instance takes the partitions back and finishes the backlog.
-    wait_rows_at_least(&db, total as i64, &[&first]).await;
+    first.wait_rows(total as i64, ROWS_TIMEOUT).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while committed_sum(&brokers, group, partitions).await != total as i64 {
+    while committed_sum(&first).await != total as i64 {
         assert!(Instant::now() < deadline, "{}", first.logs());
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
@@ -282,17 +275,19 @@ async fn join_and_leave(property: Option<(&str, &str)>) -> (String, String) {
     let first_logs = first.logs();
     assert_eq!(code, Some(0), "{first_logs}");
 
-    assert_eq!(db.count("history_events").await, total as i64);
-    assert_eq!(db.count("inbox").await, total as i64);
+    assert_eq!(first.db.count("history_events").await, total as i64);
+    assert_eq!(first.db.count("inbox").await, total as i64);
     (first_logs, second_logs)
 }
 
 #[actix_rt::test]
 async fn a_stop_that_leaves_records_behind_its_final_commit_exits_3_and_says_how_many() {
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, 1).unwrap();
-    let brokers = broker.bootstrap_servers();
+    let mut app = TestApp::prepare(|o| {
+        o.env("HISTORY__PIPELINE__SHUTDOWN_TIMEOUT_MS", "500");
+        // One event per transaction, so the held-up event holds up no other.
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "1");
+    })
+    .await;
     let records = unique_events(50, "left", 3);
     // Another session holds the first event's inbox marker: its write waits in the database,
     // and every record after it can resolve but not be committed.
@@ -301,23 +296,16 @@ async fn a_stop_that_leaves_records_behind_its_final_commit_exits_3_and_says_how
         let event: serde_json::Value = serde_json::from_slice(payload).unwrap();
         event["event_id"].as_str().unwrap().to_owned()
     };
-    let blocker = db.client().await;
+    let blocker = app.db.client().await;
     blocker
         .batch_execute(&format!("BEGIN; INSERT INTO inbox VALUES ('{first_id}')"))
         .await
         .unwrap();
-    produce(&brokers, &records).await;
-    let mut env = service_env(&db.url(), &brokers, "history-left", TOPIC);
-    env.push((
-        "HISTORY__PIPELINE__SHUTDOWN_TIMEOUT_MS".into(),
-        "500".into(),
-    ));
-    // One event per transaction, so the held-up event holds up no other.
-    env.push(("HISTORY__PIPELINE__BATCH_MAX_EVENTS".into(), "1".into()));
-    let mut service = Child::spawn(&["run"], &env);
-    wait_rows_at_least(&db, 10, &[&service]).await;
-    let (_, code) = stop(&mut service);
-    let logs = service.logs();
+    app.produce(&records).await;
+    app.start();
+    app.wait_rows(10, ROWS_TIMEOUT).await;
+    let (_, code) = stop(&mut app);
+    let logs = app.logs();
     assert_eq!(code, Some(3), "{logs}");
     let stopped = logs
         .lines()
@@ -331,7 +319,7 @@ async fn a_stop_that_leaves_records_behind_its_final_commit_exits_3_and_says_how
     assert!(stopped_field(&logs, "unresolved") >= Some(1), "{stopped}");
     assert!(stopped_field(&logs, "left") >= Some(1), "{stopped}");
     assert_eq!(
-        committed_sum(&brokers, "history-left", 1).await,
+        committed_sum(&app).await,
         0,
         "nothing is committed past the held-up first record"
     );

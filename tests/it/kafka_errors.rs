@@ -3,12 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use history_devkit::broker::EmbeddedBroker;
-use history_devkit::probe::sample;
+use history_devkit::process::local_listener;
+use history_devkit::test_app::TestApp;
 use history_devkit::workload;
-
-use crate::common::scrape;
-use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env};
 
 /// Lines at WARN or ERROR in a log.
 fn complaints(log: &str) -> Vec<&str> {
@@ -19,21 +16,14 @@ fn complaints(log: &str) -> Vec<&str> {
 
 const ALL_BROKERS_DOWN: &str = "history_kafka_client_errors_total{error=\"AllBrokersDown\"}";
 
-/// Scrapes until the count of AllBrokersDown reports reaches `reports`; returns it.
-async fn wait_reports(port: u16, reports: f64, service: &Child) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let reported = sample(&scrape(port).await, ALL_BROKERS_DOWN).unwrap_or(0.0);
-        if reported >= reports {
-            return reported;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {reported} reports:\n{}",
-            service.logs()
-        );
-        actix_rt::time::sleep(Duration::from_millis(200)).await;
-    }
+/// Reads the metrics until the count of AllBrokersDown reports reaches `reports`; returns it.
+async fn wait_reports(app: &TestApp, reports: f64) -> f64 {
+    app.wait_for_metrics(Duration::from_secs(60), |m| {
+        m.get(ALL_BROKERS_DOWN).unwrap_or(0.0) >= reports
+    })
+    .await
+    .get(ALL_BROKERS_DOWN)
+    .unwrap_or(0.0)
 }
 
 /// The AllBrokersDown occurrences the log accounts for: one per full line, plus the repeats
@@ -55,26 +45,17 @@ fn logged_occurrences(log: &str) -> u64 {
 
 #[actix_rt::test]
 async fn an_unreachable_broker_is_named_in_a_few_lines_while_every_error_is_counted() {
-    let db = TestDb::migrated().await;
     // Nothing listens there: the port was free a moment ago.
-    let brokers = format!("127.0.0.1:{}", free_port());
-    let http_port = free_port();
-    let mut env = service_env(&db.url(), &brokers, "history-unreachable", TOPIC);
-    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
-    env.push((
-        "HISTORY__HTTP__LISTEN".into(),
-        format!("127.0.0.1:{http_port}"),
-    ));
-    let mut service = Child::spawn(&["run"], &env);
+    let nowhere = local_listener().unwrap().local_addr().unwrap().to_string();
+    let mut app = TestApp::spawn(|o| o.external_brokers = Some(nowhere)).await;
 
     // librdkafka reports the brokers down about 20 times a second, to the error callback and
     // again on the consumer stream; run until the metric counted 200 reports (about 5 s).
     const REPORTS: f64 = 200.0;
-    wait_reports(http_port, REPORTS, &service).await;
-    service.signal(libc::SIGTERM);
-    assert_eq!(service.wait(Duration::from_secs(30)), Some(0));
+    wait_reports(&app, REPORTS).await;
+    assert_eq!(app.stop(), Some(0));
 
-    let log = service.logs();
+    let log = app.logs();
     let complaints = complaints(&log);
     assert!(
         complaints.len() <= 10,
@@ -98,48 +79,32 @@ async fn an_unreachable_broker_is_named_in_a_few_lines_while_every_error_is_coun
 
 #[actix_rt::test]
 async fn the_repeats_of_an_error_that_stopped_are_summarised_after_the_interval() {
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, 1).unwrap();
-    let brokers = broker.bootstrap_servers();
-    broker.cluster().broker_down(1).unwrap();
-    let http_port = free_port();
-    let mut env = service_env(&db.url(), &brokers, "history-outage", TOPIC);
-    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
-    env.push((
-        "HISTORY__HTTP__LISTEN".into(),
-        format!("127.0.0.1:{http_port}"),
-    ));
-    env.push((
-        "HISTORY__KAFKA__ERROR_LOG_INTERVAL_MS".into(),
-        "1000".into(),
-    ));
-    let mut service = Child::spawn(&["run"], &env);
-    wait_reports(http_port, 20.0, &service).await;
+    let mut app = TestApp::prepare(|o| {
+        o.env("HISTORY__KAFKA__ERROR_LOG_INTERVAL_MS", "1000");
+    })
+    .await;
+    app.broker().cluster().broker_down(1).unwrap();
+    app.start();
+    wait_reports(&app, 20.0).await;
 
     // The outage ends: the service consumes, and no error follows.
-    broker.cluster().broker_up(1).unwrap();
-    produce(&brokers, &workload::seed_records()).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while db.count("history_events").await < 2 {
-        assert!(Instant::now() < deadline, "stalled:\n{}", service.logs());
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
-    let reported = sample(&scrape(http_port).await, ALL_BROKERS_DOWN).unwrap() as u64;
+    app.broker().cluster().broker_up(1).unwrap();
+    app.produce(&workload::seed_records()).await;
+    app.wait_rows(2, Duration::from_secs(60)).await;
+    let reported = app.metrics().await.get(ALL_BROKERS_DOWN).unwrap() as u64;
 
     // While it still runs, the log accounts for every report: the repeats were summarised once
     // their interval was over, not held back for a next error. (The metric may miss the first
     // reports, made before its recorder was installed.)
     let deadline = Instant::now() + Duration::from_secs(15);
-    while logged_occurrences(&service.logs()) < reported {
+    while logged_occurrences(&app.logs()) < reported {
         assert!(
             Instant::now() < deadline,
             "{reported} reported, {} logged:\n{}",
-            logged_occurrences(&service.logs()),
-            service.logs()
+            logged_occurrences(&app.logs()),
+            app.logs()
         );
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
-    service.signal(libc::SIGTERM);
-    assert_eq!(service.wait(Duration::from_secs(30)), Some(0));
+    assert_eq!(app.stop(), Some(0));
 }

@@ -4,19 +4,16 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use history_devkit::broker::EmbeddedBroker;
 use history_devkit::probe::get as http_get;
+use history_devkit::process::{Process, local_listener};
+use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, WorkloadSpec};
 use history_service::metrics as names;
 use serde_json::Value as Json;
 use serde_yaml_ng::Value as Yaml;
-
-use crate::common::{
-    Child, TOPIC, TestDb, free_port, produce, service_env, topic_ends, wait_committed,
-};
 
 const ALERTS: &str = "deploy/prometheus/alerts.yaml";
 const ALERTS_TEST: &str = "deploy/prometheus/alerts_test.yaml";
@@ -261,105 +258,52 @@ fn the_keda_scaled_object_scales_the_deployment_on_the_services_group_and_topic(
     }
 }
 
-/// A service with its HTTP endpoints on a free port, after a small workload (with poison) is
-/// fully committed and the lag is reported. Returns what the test needs to keep alive.
-struct RunningService {
-    db: TestDb,
-    _broker: EmbeddedBroker,
-    brokers: String,
-    service: Child,
-    port: u16,
-    applied: usize,
-}
-
-async fn running_service(group: &str) -> RunningService {
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, 3).unwrap();
-    let brokers = broker.bootstrap_servers();
+/// A service after a small workload (with poison, event ids starting with `prefix`) is fully
+/// committed and the lag is reported; with the number of events it applied.
+async fn running_service(prefix: &str) -> (TestApp, usize) {
+    let app = TestApp::spawn(|o| {
+        o.partitions = 3;
+        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
+    })
+    .await;
     let records = workload::generate(&WorkloadSpec {
         records: 400,
         duplicates: 0.1,
         poison: 0.03,
         partitions: 3,
-        id_prefix: format!("{group}-a"),
+        id_prefix: format!("{prefix}-a"),
         tickets: 40,
         max_payload_bytes: 65536,
         seed: 14,
     });
-    produce(&brokers, &records).await;
-    let ends = topic_ends(&brokers, 3).await;
-
-    let port = free_port();
-    let mut env = service_env(&db.url(), &brokers, group, TOPIC);
-    env.extend(
-        [
-            ("HISTORY__HTTP__ENABLED", "true".to_owned()),
-            ("HISTORY__HTTP__LISTEN", format!("127.0.0.1:{port}")),
-            ("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200".to_owned()),
-        ]
-        .map(|(k, v)| (k.to_owned(), v)),
-    );
-    let service = Child::spawn(&["run"], &env);
-    wait_committed(&brokers, group, &ends, Duration::from_secs(60)).await;
+    app.produce(&records).await;
+    app.wait_committed(Duration::from_secs(60)).await;
     let applied = workload::distinct_events(&records);
-    wait_for_metrics(port, |text| {
-        text.contains("history_consumer_lag{")
-            && applied as f64
-                == history_devkit::probe::sample(text, "history_events_total{outcome=\"applied\"}")
-                    .unwrap_or(-1.0)
+    app.wait_for_metrics(Duration::from_secs(20), |m| {
+        m.text().contains("history_consumer_lag{")
+            && m.get("history_events_total{outcome=\"applied\"}") == Some(applied as f64)
     })
     .await;
-    RunningService {
-        db,
-        _broker: broker,
-        brokers,
-        service,
-        port,
-        applied,
-    }
+    (app, applied)
 }
 
+/// GETs a path from a local server (Prometheus's API); `(0, "")` while nothing answers.
 async fn get(port: u16, path: String) -> (u16, String) {
     tokio::task::spawn_blocking(move || http_get(port, &path).unwrap_or((0, String::new())))
         .await
         .unwrap()
 }
 
-/// Polls the service's `/metrics` until `ready` holds for its text; returns that text.
-async fn wait_for_metrics(port: u16, ready: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, text) = get(port, "/metrics".into()).await;
-        if ready(&text) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/metrics never got there:\n{text}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The sample names (histograms as `_bucket`, `_sum`, `_count`) of an exposition.
-fn exported_names(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .filter_map(|line| line.split(['{', ' ']).next())
-        .map(str::to_owned)
-        .collect()
-}
-
 #[actix_rt::test]
 async fn the_dashboard_parses_and_queries_only_families_the_service_exports() {
-    let running = running_service("history-kit-dashboard").await;
-    let (_, text) = get(running.port, "/metrics".into()).await;
-    let exported = exported_names(&text);
+    let (app, _) = running_service("history-kit-dashboard").await;
+    let metrics = app.metrics().await;
+    let text = metrics.text();
+    let exported = metrics.names();
 
     // Every family has its help text; counters known in advance exist before their first
     // event (so `increase()` sees it); the window limit is there to compare with.
-    for family in history_names(&text) {
+    for family in history_names(text) {
         let base = ["_bucket", "_sum", "_count"]
             .iter()
             .find_map(|suffix| family.strip_suffix(suffix))
@@ -383,11 +327,7 @@ async fn the_dashboard_parses_and_queries_only_families_the_service_exports() {
             "{zero:?} missing in\n{text}"
         );
     }
-    assert_eq!(
-        history_devkit::probe::sample(&text, names::WINDOW_LIMIT),
-        Some(1000.0),
-        "{text}"
-    );
+    assert_eq!(metrics.get(names::WINDOW_LIMIT), Some(1000.0), "{text}");
 
     let dashboard: Json = serde_json::from_str(&read(DASHBOARD)).expect("the dashboard is JSON");
     assert!(
@@ -417,7 +357,7 @@ async fn the_dashboard_parses_and_queries_only_families_the_service_exports() {
     ] {
         assert!(used.contains(shown), "the dashboard does not show {shown}");
     }
-    drop(running.service);
+    drop(app);
 }
 
 fn collect_strings(value: &Json, out: &mut Vec<String>) {
@@ -429,10 +369,10 @@ fn collect_strings(value: &Json, out: &mut Vec<String>) {
     }
 }
 
-/// Debian's Prometheus server on a free local port with a temporary database; killed, and its
+/// Debian's Prometheus server on a local port with a temporary database; killed, and its
 /// directory removed, when dropped.
 struct Prometheus {
-    process: std::process::Child,
+    process: Process,
     dir: PathBuf,
     port: u16,
 }
@@ -450,9 +390,10 @@ impl Prometheus {
             rules = repo(ALERTS).display()
         );
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let process = Command::new(binary)
+        // Prometheus binds its address itself (it takes no socket handed over): a port the OS
+        // gave out a moment ago.
+        let port = local_listener().unwrap().local_addr().unwrap().port();
+        let process = Process::command(binary)
             .arg(format!(
                 "--config.file={}",
                 dir.join("prometheus.yml").display()
@@ -462,15 +403,13 @@ impl Prometheus {
                 dir.join("data").display()
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(log)
             .spawn()
             .expect("prometheus starts");
         Prometheus { process, dir, port }
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
+        self.process.logs()
     }
 
     /// GETs an API path; the JSON answer's `data`, or None while Prometheus does not answer.
@@ -528,11 +467,8 @@ impl Prometheus {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-        if std::thread::panicking() {
-            eprintln!("--- Prometheus log ---\n{}", self.log());
-        }
+        // Its log is printed by the process wrapper if a test failed.
+        self.process.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -542,8 +478,8 @@ async fn a_real_prometheus_scrapes_the_service_and_raises_an_alert_when_writes_f
     let Some(binary) = prometheus_tool("prometheus") else {
         return;
     };
-    let running = running_service("history-kit-prometheus").await;
-    let prometheus = Prometheus::start(&binary, running.port);
+    let (app, applied_by_the_service) = running_service("history-kit-prometheus").await;
+    let prometheus = Prometheus::start(&binary, app.port());
     let wait = Duration::from_secs(60);
 
     prometheus
@@ -565,7 +501,10 @@ async fn a_real_prometheus_scrapes_the_service_and_raises_an_alert_when_writes_f
                 .await
         })
         .await;
-    assert_eq!(applied, running.applied as f64, "the service's own count");
+    assert_eq!(
+        applied, applied_by_the_service as f64,
+        "the service's own count"
+    );
     let rules = prometheus
         .wait_for("the rule file loaded", wait, async |p| {
             let data = p.api("/api/v1/rules", &[]).await?;
@@ -581,8 +520,7 @@ async fn a_real_prometheus_scrapes_the_service_and_raises_an_alert_when_writes_f
     }
 
     // Every write now fails: the database rejects any new history row.
-    running
-        .db
+    app.db
         .client()
         .await
         .batch_execute("ALTER TABLE history_events ADD CONSTRAINT no_rows CHECK (false) NOT VALID")
@@ -598,7 +536,7 @@ async fn a_real_prometheus_scrapes_the_service_and_raises_an_alert_when_writes_f
         max_payload_bytes: 65536,
         seed: 15,
     });
-    produce(&running.brokers, &more).await;
+    app.produce(&more).await;
     let state = prometheus
         .wait_for("HistoryWritesRetrying pending or firing", wait, async |p| {
             p.alert_state("HistoryWritesRetrying").await
@@ -614,5 +552,5 @@ async fn a_real_prometheus_scrapes_the_service_and_raises_an_alert_when_writes_f
         .unwrap_or_default();
     assert!(retries > 0.0, "retries scraped: {retries}");
     drop(prometheus);
-    drop(running.service);
+    drop(app);
 }

@@ -3,13 +3,8 @@
 
 use std::time::Duration;
 
-use history_devkit::broker::EmbeddedBroker;
-use history_devkit::probe::sample;
+use history_devkit::test_app::TestApp;
 use history_devkit::workload::{PlannedRecord, RecordKind};
-
-use crate::common::{
-    Child, TOPIC, TestDb, free_port, produce, scrape, service_env, wait_committed,
-};
 
 fn raw_event(event_id: &str, to_status: &str, changed_at: &str) -> PlannedRecord {
     let payload = format!(
@@ -27,10 +22,7 @@ fn raw_event(event_id: &str, to_status: &str, changed_at: &str) -> PlannedRecord
 
 #[actix_rt::test]
 async fn identical_redeliveries_with_nanoseconds_or_a_leap_second_are_no_conflict() {
-    let db = TestDb::migrated().await;
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, 1).unwrap();
-    let brokers = broker.bootstrap_servers();
+    let mut app = TestApp::spawn(|_| {}).await;
     let nano = raw_event(
         "redeliver-nano",
         "resolved",
@@ -54,41 +46,24 @@ async fn identical_redeliveries_with_nanoseconds_or_a_leap_second_are_no_conflic
         leap_offset,
         conflicting,
     ];
-    let delivered = produce(&brokers, &records).await;
-    let end = delivered.iter().map(|d| d.offset + 1).max().unwrap();
+    app.produce(&records).await;
+    app.wait_committed(Duration::from_secs(30)).await;
 
-    let port = free_port();
-    let mut env = service_env(&db.url(), &brokers, "history-redelivery", TOPIC);
-    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
-    env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
-    let mut service = Child::spawn(&["run"], &env);
-    wait_committed(
-        &brokers,
-        "history-redelivery",
-        &[end],
-        Duration::from_secs(30),
-    )
-    .await;
-
-    let metrics = scrape(port).await;
-    assert_eq!(db.count("history_events").await, 4);
+    let metrics = app.metrics().await;
+    assert_eq!(app.db.count("history_events").await, 4);
     assert_eq!(
-        sample(
-            &metrics,
-            "history_events_total{outcome=\"already_applied\"}"
-        ),
+        metrics.get("history_events_total{outcome=\"already_applied\"}"),
         Some(4.0),
         "{metrics}"
     );
     assert_eq!(
-        sample(&metrics, "history_conflicting_duplicates_total"),
+        metrics.get("history_conflicting_duplicates_total"),
         Some(1.0),
         "only the real conflict counts: {metrics}\n{}",
-        service.logs()
+        app.logs()
     );
-    service.signal(libc::SIGTERM);
-    assert_eq!(service.wait(Duration::from_secs(30)), Some(0));
-    let logs = service.logs();
+    assert_eq!(app.stop(), Some(0));
+    let logs = app.logs();
     // Other warnings (the broker's, at shutdown) are not this test's business; these are.
     let warnings: Vec<&str> = logs
         .lines()

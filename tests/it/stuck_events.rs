@@ -1,13 +1,11 @@
 //! End to end: one event the database rejects holds back only its own partition, at its
 //! offset, visibly; the others reach their ends. Fixing the database lets it through.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use history_devkit::broker::EmbeddedBroker;
+use history_devkit::probe::Metrics;
+use history_devkit::test_app::TestApp;
 use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
-
-use crate::common::scrape;
-use crate::common::{Child, TOPIC, TestDb, free_port, produce, service_env, wait_committed};
 
 const PARTITIONS: i32 = 4;
 const PER_PARTITION: i64 = 60;
@@ -32,24 +30,23 @@ fn planned(event_id: &str, ticket_id: &str, partition: i32) -> PlannedRecord {
 }
 
 /// The `history_stuck_event` series naming this event, and its value.
-fn stuck_series<'a>(metrics: &'a str, event_id: &str) -> Vec<(&'a str, f64)> {
+fn stuck_series(metrics: &Metrics, event_id: &str) -> Vec<(String, f64)> {
     metrics
-        .lines()
-        .filter(|line| {
-            line.starts_with("history_stuck_event{")
-                && line.contains(&format!("event_id=\"{event_id}\""))
-        })
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series, value.parse().ok()?))
-        })
+        .select("history_stuck_event", &[("event_id", event_id)])
+        .map(|sample| (sample.series.clone(), sample.value))
         .collect()
 }
 
 #[actix_rt::test]
 async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() {
-    let db = TestDb::migrated().await;
-    db.client()
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = PARTITIONS;
+        // Bigger batches than a partition's share, so the poison shares batches with the others.
+        o.env("HISTORY__PIPELINE__BATCH_LINGER_MS", "20");
+    })
+    .await;
+    app.db
+        .client()
         .await
         .batch_execute(
             "ALTER TABLE history_events ADD CONSTRAINT no_poison \
@@ -57,9 +54,6 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
         )
         .await
         .unwrap();
-    let broker = EmbeddedBroker::start(1).unwrap();
-    broker.create_topic(TOPIC, PARTITIONS).unwrap();
-    let brokers = broker.bootstrap_servers();
     let mut records = Vec::new();
     for n in 0..PER_PARTITION {
         for partition in 0..PARTITIONS {
@@ -73,7 +67,7 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
             }
         }
     }
-    let delivered = produce(&brokers, &records).await;
+    let delivered = app.produce(&records).await;
     let poison = delivered
         .iter()
         .zip(&records)
@@ -95,45 +89,45 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
         .collect();
     let mut held = ends.clone();
     held[STUCK_PARTITION as usize] = poison.offset;
-
-    let port = free_port();
-    let mut env = service_env(&db.url(), &brokers, "history-stuck", TOPIC);
-    env.push(("HISTORY__HTTP__ENABLED".into(), "true".into()));
-    env.push(("HISTORY__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")));
-    // Bigger batches than a partition's share, so the poison shares batches with the others.
-    env.push(("HISTORY__PIPELINE__BATCH_LINGER_MS".into(), "20".into()));
-    let mut service = Child::spawn(&["run"], &env);
+    app.start();
 
     // Every other partition reaches its end; the stuck one stops exactly at the poison.
-    wait_committed(&brokers, "history-stuck", &held, Duration::from_secs(30)).await;
+    app.wait_committed_to(&held, Duration::from_secs(30)).await;
     let good = PARTITIONS as i64 * PER_PARTITION;
     assert_eq!(
-        db.count("history_events").await,
+        app.db.count("history_events").await,
         good,
         "every good event written"
     );
 
-    let metrics = scrape(port).await;
-    let series = stuck_series(&metrics, "the-poison");
+    let metrics = app.metrics().await;
+    let series: Vec<_> = metrics
+        .select("history_stuck_event", &[("event_id", "the-poison")])
+        .collect();
     assert_eq!(series.len(), 1, "{metrics}");
-    let (labels, value) = series[0];
-    assert_eq!(value, 1.0);
-    for label in [
-        format!("topic=\"{TOPIC}\""),
-        format!("partition=\"{STUCK_PARTITION}\""),
-        format!("offset=\"{}\"", poison.offset),
-        "sqlstate=\"23514\"".to_owned(),
+    let stuck = series[0].clone();
+    assert_eq!(stuck.value, 1.0);
+    for (label, value) in [
+        ("topic", app.topic.clone()),
+        ("partition", STUCK_PARTITION.to_string()),
+        ("offset", poison.offset.to_string()),
+        ("sqlstate", "23514".to_owned()),
     ] {
-        assert!(labels.contains(&label), "{label} in {labels}");
+        assert_eq!(
+            stuck.label(label),
+            Some(value.as_str()),
+            "{label} in {}",
+            stuck.series
+        );
     }
-    let logs = service.logs();
+    let logs = app.logs();
     let named: Vec<&str> = logs
         .lines()
         .filter(|line| line.contains("the database rejects this event"))
         .collect();
     assert_eq!(named.len(), 1, "one line names it:\n{logs}");
     for part in [
-        format!("partition={TOPIC}[{STUCK_PARTITION}]"),
+        format!("partition={}[{STUCK_PARTITION}]", app.topic),
         format!("offset={}", poison.offset),
         "event_id=the-poison".to_owned(),
         "sqlstate=23514".to_owned(),
@@ -145,33 +139,24 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
     // Still held a while later: the outcome stays unknown, never resolved by giving up.
     actix_rt::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        wait_committed(&brokers, "history-stuck", &held, Duration::from_secs(5)).await,
+        app.wait_committed_to(&held, Duration::from_secs(5)).await,
         held.iter().map(|&o| Some(o)).collect::<Vec<_>>()
     );
 
-    db.client()
+    app.db
+        .client()
         .await
         .batch_execute("ALTER TABLE history_events DROP CONSTRAINT no_poison")
         .await
         .unwrap();
-    wait_committed(&brokers, "history-stuck", &ends, Duration::from_secs(30)).await;
-    assert_eq!(db.count("history_events").await, good + 1);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let metrics = scrape(port).await;
-        if stuck_series(&metrics, "the-poison") == [(labels, 0.0)] {
-            break;
-        }
-        assert!(Instant::now() < deadline, "gauge not cleared: {metrics}");
-        actix_rt::time::sleep(Duration::from_millis(100)).await;
-    }
-    service.signal(libc::SIGTERM);
-    assert_eq!(
-        service.wait(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        service.logs()
-    );
+    app.wait_committed_to(&ends, Duration::from_secs(30)).await;
+    assert_eq!(app.db.count("history_events").await, good + 1);
+    // The gauge is cleared.
+    app.wait_for_metrics(Duration::from_secs(10), |m| {
+        stuck_series(m, "the-poison") == [(stuck.series.clone(), 0.0)]
+    })
+    .await;
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
 mod pipeline_level {

@@ -1,0 +1,109 @@
+//! A throwaway database per test on the local PostgreSQL server: created with a unique name,
+//! optionally migrated, dropped (with its connections) when dropped.
+
+use std::str::FromStr;
+
+use history_service::store::{self, PgPool};
+
+/// The server tests use; override with `HISTORY_TEST_DATABASE_URL` (no database name needed).
+pub fn base_url() -> String {
+    std::env::var("HISTORY_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+fn base_config() -> tokio_postgres::Config {
+    tokio_postgres::Config::from_str(&base_url()).expect("HISTORY_TEST_DATABASE_URL is not a URL")
+}
+
+/// A database of its own, created empty and dropped (with its connections) when dropped.
+pub struct TestDb {
+    pub name: String,
+    pub config: tokio_postgres::Config,
+}
+
+impl TestDb {
+    /// An empty database with a unique name.
+    pub async fn create() -> TestDb {
+        let name = format!("history_test_{:016x}", rand::random::<u64>());
+        let admin = admin_client().await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("cannot create a test database: is PostgreSQL running?");
+        let mut config = base_config();
+        config.dbname(&name);
+        TestDb { name, config }
+    }
+
+    /// A database with the service's schema applied.
+    pub async fn migrated() -> TestDb {
+        let db = TestDb::create().await;
+        let mut client = db.client().await;
+        store::migrate::run_migrations(&mut client).await.unwrap();
+        db
+    }
+
+    pub fn url(&self) -> String {
+        format!("{}/{}", base_url().trim_end_matches('/'), self.name)
+    }
+
+    pub async fn client(&self) -> tokio_postgres::Client {
+        store::migrate::connect(&self.config).await.unwrap()
+    }
+
+    pub fn pool(&self, size: u32) -> PgPool {
+        store::connect_pool(self.config.clone(), size, std::time::Duration::from_secs(5))
+    }
+
+    pub async fn count(&self, table: &str) -> i64 {
+        self.client()
+            .await
+            .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Ends every session on this database but the caller's.
+    pub async fn terminate_backends(&self) -> i64 {
+        admin_client()
+            .await
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND pid <> pg_backend_pid()",
+                &[&self.name],
+            )
+            .await
+            .unwrap()
+            .len() as i64
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs outside any runtime guarantee, so the DROP gets a thread and runtime of its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let admin = admin_client().await;
+                let _ = admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+/// A session on the server's `postgres` database, for creating and dropping databases.
+pub async fn admin_client() -> tokio_postgres::Client {
+    let mut config = base_config();
+    config.dbname("postgres");
+    store::migrate::connect(&config)
+        .await
+        .expect("cannot connect to PostgreSQL: is it running?")
+}
