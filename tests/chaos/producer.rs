@@ -18,7 +18,7 @@ pub struct Deliveries {
     pub failed: usize,
 }
 
-/// Produces the records in twenty slices spread over `over`, noting where each landed.
+/// Produces the records one at a time at a steady rate over `over`, noting where each landed.
 pub fn spawn_producer(
     brokers: String,
     records: Vec<PlannedRecord>,

@@ -20,9 +20,9 @@ use history_service::config::Settings;
 use history_service::domain::{HistoryEvent, Outcome, process_history_batch, process_history_once};
 use history_service::store::{Database, PgHistoryRepository, migrate};
 
-/// How often the drain looks for the first fetch: whatever this adds to the moment it is seen
-/// is taken off the measured time, so it is short (the end is looked for every 20 ms and
-/// costs a group lookup each time).
+/// How often the drain looks for the first fetch on /metrics: the first fetch is placed within
+/// one such interval of when it happened, so it is short (the end is looked for every 20 ms, a
+/// group lookup each time).
 const FIRST_FETCH_POLL: Duration = Duration::from_millis(5);
 
 /// What the drain came to.
