@@ -184,7 +184,7 @@ pub struct Stats {
     pub rebalances: AtomicU64,
     pub commits: AtomicU64,
     pub pauses: AtomicU64,
-    /// When the first record was fetched: throughput is measured from here.
+    /// When the first record was fetched: the demo measures its throughput from here.
     pub first_fetch: std::sync::OnceLock<std::time::Instant>,
     /// Whether writes succeed, for readiness.
     pub writes: crate::health::writes::WriteHealth,
@@ -260,16 +260,10 @@ impl Stats {
         metrics::counter!(DEAD_LETTER_CONFLICTS_TOTAL).increment(1);
     }
 
-    /// Counts fetched records; true the first time (when throughput starts being measured).
-    pub fn records_fetched(&self, count: u64) -> bool {
-        let mut first = false;
-        self.first_fetch.get_or_init(|| {
-            first = true;
-            std::time::Instant::now()
-        });
+    pub fn records_fetched(&self, count: u64) {
+        self.first_fetch.get_or_init(std::time::Instant::now);
         self.records_fetched.fetch_add(count, Ordering::Relaxed);
         metrics::counter!(RECORDS_FETCHED_TOTAL).increment(count);
-        first
     }
 
     pub fn transaction(&self, elapsed: Duration, events: usize) {

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 
 use actix::prelude::*;
-use tracing::{debug, debug_span, info, warn};
+use tracing::{debug, debug_span, warn};
 
 use super::messages::{
     Admit, AdmitReply, Epoch, FlowControl, Records, StopPartition, TopicPartition, WindowState,
@@ -190,9 +190,7 @@ impl Handler<Records> for PartitionActor {
     type Result = ();
 
     fn handle(&mut self, msg: Records, ctx: &mut Context<Self>) {
-        if self.pipeline.stats().records_fetched(msg.0.len() as u64) {
-            info!(tp = %self.tp, "first records fetched");
-        }
+        self.pipeline.stats().records_fetched(msg.0.len() as u64);
         for record in msg.0 {
             let job = self.decode(record);
             self.pending.push_back(job);

@@ -5,11 +5,17 @@
 //! Short mode by default (CI); `scripts/chaos.sh` runs the long mode. HISTORY_CHAOS_SEED
 //! replays a run's schedule.
 
+mod broker;
+mod checker;
 mod harness;
+mod instance;
+mod producer;
+mod schedule;
 
 use std::sync::Mutex;
 
-use harness::{Action, Chaos, Figures, Scale};
+use harness::{Chaos, Figures};
+use schedule::{Action, Scale};
 
 /// The runs share two cores: one at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -30,7 +36,7 @@ fn rate(scale: &Scale) -> f64 {
     scale.records as f64
         / scale
             .duration
-            .mul_f64(harness::PRODUCTION_SHARE)
+            .mul_f64(schedule::PRODUCTION_SHARE)
             .as_secs_f64()
 }
 
@@ -45,15 +51,15 @@ fn report(name: &str, text: &str) {
 fn kills_database_restarts_and_broker_faults_lose_nothing_and_double_nothing() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let scale = Scale::from_env();
-    let seed = harness::seed();
-    let plan = harness::schedule(seed, scale.duration, 1, 5);
+    let seed = schedule::seed();
+    let plan = schedule::schedule(seed, scale.duration, 1, 5);
     assert!(
         plan.iter()
             .filter(|(_, a)| matches!(a, Action::Kill(_)))
             .count()
             >= 5
     );
-    let records = harness::workload(scale.records, seed);
+    let records = schedule::workload(scale.records, seed);
     let started = std::time::Instant::now();
     let chaos = Chaos::start(seed, 1, rate(&scale));
     let figures = chaos.run(records, plan, scale.duration);
@@ -69,13 +75,13 @@ fn kills_database_restarts_and_broker_faults_lose_nothing_and_double_nothing() {
 fn three_instances_share_six_partitions_through_a_kill_and_a_restart() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let scale = Scale::from_env();
-    let seed = harness::seed();
+    let seed = schedule::seed();
     let plan = vec![
         (scale.duration.mul_f64(0.35), Action::Kill(1)),
         (scale.duration.mul_f64(0.65), Action::Start(1)),
         (scale.duration.mul_f64(0.5), Action::TerminateBackends),
     ];
-    let records = harness::workload(scale.records, seed.wrapping_add(1));
+    let records = schedule::workload(scale.records, seed.wrapping_add(1));
     let started = std::time::Instant::now();
     let chaos = Chaos::start(seed, 3, rate(&scale));
     let figures = chaos.run(records, plan, scale.duration);

@@ -1,0 +1,55 @@
+//! The broker of a run: `history-dev dev-kafka` (three brokers) as a child process, faults
+//! injected through its standard input.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+
+use history_devkit::process::Process;
+
+use crate::schedule::PARTITIONS;
+
+pub struct DevKafka {
+    process: Process,
+    /// Its `bootstrap.servers`.
+    pub brokers: String,
+}
+
+impl DevKafka {
+    /// Starts the development kit's broker (the service under test may be a mutant build);
+    /// its standard error goes to `dir/dev-kafka.log`.
+    pub fn start(dir: &Path) -> DevKafka {
+        let mut process = Process::command(history_devkit::workspace_binary("history-dev"))
+            .args([
+                "dev-kafka",
+                "--brokers",
+                "3",
+                "--partitions",
+                &PARTITIONS.to_string(),
+            ])
+            .stdin_piped()
+            .stdout_piped()
+            .log_file(dir.join("dev-kafka.log"))
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(process.take_stdout().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let brokers = first.strip_prefix("bootstrap.servers=").unwrap().to_owned();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                assert!(line.starts_with("ok "), "dev-kafka refused a fault: {line}");
+            }
+        });
+        DevKafka { process, brokers }
+    }
+
+    /// Sends one fault command (see `history_devkit::faults`).
+    pub fn fault(&mut self, command: &str) {
+        let control = self.process.stdin().expect("standard input is piped");
+        writeln!(control, "{command}").unwrap();
+        control.flush().unwrap();
+    }
+
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+}

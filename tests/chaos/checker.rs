@@ -1,0 +1,356 @@
+//! The checks made from outside: every commit an instance logged against the database (each
+//! record before it durable first, positions never moving backwards), and at the end nothing
+//! lost, nothing twice, every poison record kept, every partition committed to its end.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use history_devkit::group::GroupInspector;
+use history_devkit::workload::{PlannedRecord, RecordKind};
+
+use crate::producer::Deliveries;
+use crate::schedule::{GROUP, PARTITIONS, TOPIC};
+
+/// A commit the service logged: (instance, partition, offset, when it was logged — after the
+/// broker confirmed it).
+pub type CommitSeen = (usize, i32, i64, chrono::DateTime<chrono::Utc>);
+
+/// Checks every commit the instances logged: each record before the committed offset must
+/// already be in the database (its event recorded, or its dead letter stored), and a
+/// partition's committed position never moves backwards.
+pub struct Checker {
+    handle: std::thread::JoinHandle<CheckerReport>,
+    stop: Arc<AtomicBool>,
+}
+
+pub struct CheckerReport {
+    pub checked: usize,
+    pub covered: usize,
+    pub violations: Vec<String>,
+}
+
+impl Checker {
+    pub fn finish(self) -> CheckerReport {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().expect("checker")
+    }
+}
+
+pub fn spawn_checker(
+    feed: Receiver<CommitSeen>,
+    database_url: String,
+    records: Vec<PlannedRecord>,
+    delivered: Arc<Mutex<Deliveries>>,
+) -> Checker {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let handle = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut verified = vec![0i64; PARTITIONS as usize];
+        let mut checked = 0;
+        let mut covered = 0;
+        let mut violations = Vec::new();
+        // Every commit seen, per partition, to check the order once all are in.
+        let mut history: Vec<Vec<(chrono::DateTime<chrono::Utc>, i64, usize)>> =
+            vec![Vec::new(); PARTITIONS as usize];
+        let mut pending: Vec<CommitSeen> = Vec::new();
+        let mut client: Option<tokio_postgres::Client> = None;
+        loop {
+            match feed.recv_timeout(Duration::from_millis(200)) {
+                Ok(commit) => pending.push(commit),
+                Err(_) if stopping.load(Ordering::Relaxed) && pending.is_empty() => break,
+                Err(_) => {}
+            }
+            pending.extend(feed.try_iter());
+            let mut retry = Vec::new();
+            for (instance, partition, offset, at) in pending.drain(..) {
+                let from = verified[partition as usize];
+                if offset <= from {
+                    // Every record below `from` was found durable by an earlier check.
+                    covered += 1;
+                    history[partition as usize].push((at, offset, instance));
+                    continue;
+                }
+                // The records of this partition between what is verified and the commit.
+                let wanted: Vec<(i64, &PlannedRecord)> = {
+                    let delivered = delivered.lock().unwrap();
+                    (from..offset)
+                        .filter_map(|o| {
+                            delivered
+                                .by_place
+                                .get(&(partition, o))
+                                .map(|&i| (o, &records[i]))
+                        })
+                        .collect()
+                };
+                if (wanted.len() as i64) < offset - from && !stopping.load(Ordering::Relaxed) {
+                    // Deliveries not all reported yet: look again shortly.
+                    retry.push((instance, partition, offset, at));
+                    continue;
+                }
+                match runtime.block_on(not_durable_at(
+                    &mut client,
+                    &database_url,
+                    partition,
+                    &wanted,
+                    at,
+                )) {
+                    Ok(late) => {
+                        for (offset_late, durable) in late {
+                            violations.push(format!(
+                                "instance {instance} committed partition {partition} to {offset} \
+                                 at {at} while offset {offset_late} was not recorded (durable: \
+                                 {durable:?})"
+                            ));
+                        }
+                        verified[partition as usize] = offset;
+                        checked += 1;
+                        history[partition as usize].push((at, offset, instance));
+                    }
+                    // The database is restarting: the rows cannot have gone, check again later.
+                    Err(_) => {
+                        client = None;
+                        retry.push((instance, partition, offset, at));
+                    }
+                }
+            }
+            pending = retry;
+            if !pending.is_empty() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        violations.extend(backward_commits(&mut history));
+        CheckerReport {
+            checked,
+            covered,
+            violations,
+        }
+    });
+    Checker { handle, stop }
+}
+
+/// Commits that moved a partition's position backwards, in the order the broker confirmed
+/// them (the instances' commit timestamps).
+fn backward_commits(
+    history: &mut [Vec<(chrono::DateTime<chrono::Utc>, i64, usize)>],
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    for (partition, commits) in history.iter_mut().enumerate() {
+        commits.sort();
+        for pair in commits.windows(2) {
+            let ((_, before, first), (at, after, second)) = (pair[0], pair[1]);
+            if after < before {
+                violations.push(format!(
+                    "partition {partition}: instance {second} committed {after} at {at}, after \
+                     instance {first} had committed {before}: the position moved backwards"
+                ));
+            }
+        }
+    }
+    violations
+}
+
+/// The offsets among `wanted` whose effect was not durable at `committed_at`: missing from the
+/// database, or committed there later (by the row's transaction commit timestamp).
+async fn not_durable_at(
+    connection: &mut Option<tokio_postgres::Client>,
+    database_url: &str,
+    partition: i32,
+    wanted: &[(i64, &PlannedRecord)],
+    committed_at: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)>, tokio_postgres::Error> {
+    if connection.is_none() {
+        let (client, driver) = tokio_postgres::connect(database_url, tokio_postgres::NoTls).await?;
+        tokio::spawn(driver);
+        *connection = Some(client);
+    }
+    let client = connection.as_ref().expect("connected above");
+    let mut ids = Vec::new();
+    let mut poison = Vec::new();
+    for (offset, record) in wanted {
+        match &record.kind {
+            RecordKind::Event { event_id } | RecordKind::Duplicate { event_id } => {
+                ids.push((*offset, event_id.clone()))
+            }
+            RecordKind::Poison { .. } => poison.push(*offset),
+        }
+    }
+    let id_list: Vec<&str> = ids.iter().map(|(_, id)| id.as_str()).collect();
+    let durable: HashMap<String, chrono::DateTime<chrono::Utc>> = client
+        .query(
+            "SELECT h.event_id, pg_xact_commit_timestamp(h.xmin) FROM history_events h \
+             JOIN inbox i USING (event_id) WHERE h.event_id = ANY($1)",
+            &[&id_list],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let stored: HashMap<i64, chrono::DateTime<chrono::Utc>> = client
+        .query(
+            "SELECT \"offset\", pg_xact_commit_timestamp(xmin) FROM dead_letters \
+             WHERE topic = $1 AND partition = $2 AND \"offset\" = ANY($3)",
+            &[&TOPIC, &partition, &poison],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let late = |at: Option<&chrono::DateTime<chrono::Utc>>| at.is_none_or(|at| *at > committed_at);
+    let mut found: Vec<(i64, Option<chrono::DateTime<chrono::Utc>>)> = ids
+        .iter()
+        .filter(|(_, id)| late(durable.get(id)))
+        .map(|(offset, id)| (*offset, durable.get(id).copied()))
+        .collect();
+    found.extend(
+        poison
+            .iter()
+            .filter(|offset| late(stored.get(offset)))
+            .map(|offset| (*offset, stored.get(offset).copied())),
+    );
+    Ok(found)
+}
+
+/// What the final look at the database and the group found.
+#[derive(Default)]
+pub struct FinalCheck {
+    pub records: usize,
+    pub distinct_events: usize,
+    pub duplicates: usize,
+    pub poison: usize,
+    pub lost: usize,
+    pub doubled: usize,
+    pub violations: Vec<String>,
+}
+
+/// Once every instance stopped: each distinct event recorded once with its inbox marker, every
+/// poison record's dead letter stored, every partition committed to its end.
+pub fn final_checks(
+    runtime: &tokio::runtime::Runtime,
+    database_url: &str,
+    brokers: &str,
+    records: &[PlannedRecord],
+    delivered: &[Option<(i32, i64)>],
+    ends: &[i64],
+) -> FinalCheck {
+    let mut found = FinalCheck::default();
+    let mut distinct = HashSet::new();
+    let mut poison = HashMap::new();
+    for (record, place) in records.iter().zip(delivered) {
+        match &record.kind {
+            RecordKind::Event { event_id } => {
+                distinct.insert(event_id.clone());
+            }
+            RecordKind::Duplicate { .. } => found.duplicates += 1,
+            RecordKind::Poison { reason } => {
+                poison.insert(place.expect("delivered"), *reason);
+            }
+        }
+    }
+    found.records = records.len();
+    found.distinct_events = distinct.len();
+    found.poison = poison.len();
+    let url = database_url.to_owned();
+    let (history, inbox, orphans, letters) = runtime.block_on(async move {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let history: Vec<String> = client
+            .query("SELECT event_id FROM history_events", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let inbox: Vec<String> = client
+            .query("SELECT event_id FROM inbox", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let orphans: i64 = client
+            .query_one(
+                "SELECT count(*) FROM inbox i WHERE NOT EXISTS \
+                 (SELECT 1 FROM history_events h WHERE h.event_id = i.event_id)",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let letters: Vec<(i32, i64, String)> = client
+            .query(
+                "SELECT partition, \"offset\", reason_code FROM dead_letters",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        (history, inbox, orphans, letters)
+    });
+    let history_set: HashSet<&String> = history.iter().collect();
+    found.lost = distinct
+        .iter()
+        .filter(|id| !history_set.contains(id))
+        .count();
+    found.doubled = history.len() - history_set.len();
+    let strangers = history_set
+        .iter()
+        .filter(|id| !distinct.contains(**id))
+        .count();
+    if strangers > 0 {
+        found
+            .violations
+            .push(format!("{strangers} history rows of unknown events"));
+    }
+    if inbox.len() != distinct.len() {
+        found.violations.push(format!(
+            "{} inbox markers for {} events",
+            inbox.len(),
+            distinct.len()
+        ));
+    }
+    if orphans > 0 {
+        found
+            .violations
+            .push(format!("{orphans} inbox markers without a history row"));
+    }
+    let stored: HashMap<(i32, i64), String> =
+        letters.into_iter().map(|(p, o, r)| ((p, o), r)).collect();
+    for (place, reason) in &poison {
+        match stored.get(place) {
+            Some(found) if found == reason => {}
+            other => found.violations.push(format!(
+                "poison at {place:?} ({reason}): dead letter {other:?}"
+            )),
+        }
+    }
+    if stored.len() != poison.len() {
+        found.violations.push(format!(
+            "{} dead letters for {} poison records",
+            stored.len(),
+            poison.len()
+        ));
+    }
+    let inspector = GroupInspector::new(brokers, GROUP).unwrap();
+    let committed = inspector
+        .committed(TOPIC, PARTITIONS, Duration::from_secs(10))
+        .unwrap();
+    for (partition, (committed, end)) in committed.iter().zip(ends).enumerate() {
+        if *end > 0 && *committed != Some(*end) {
+            found.violations.push(format!(
+                "partition {partition}: committed {committed:?}, end {end}"
+            ));
+        }
+    }
+    found
+}

@@ -1,0 +1,147 @@
+//! One `history-service run` instance of a run: started on a listening socket handed over to it,
+//! its JSON log appended to a file and read for the commits and rebalances it reports.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use history_devkit::process::{Process, StillRunning, local_listener};
+
+use crate::checker::CommitSeen;
+use crate::schedule::{GROUP, MAX_PAYLOAD, TOPIC};
+
+/// What the instances' logs report, gathered from all of them.
+#[derive(Clone)]
+pub struct LogFeed {
+    pub commits: Sender<CommitSeen>,
+    pub rebalances: Arc<AtomicUsize>,
+    pub assignments_lost: Arc<AtomicUsize>,
+}
+
+impl LogFeed {
+    /// One line of instance `n`'s log.
+    fn read(&self, n: usize, line: &str) {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            return;
+        };
+        match entry["message"].as_str() {
+            Some("offset committed") => {
+                let partition = entry["partition"].as_i64().unwrap() as i32;
+                let offset = entry["offset"].as_i64().unwrap();
+                let at = entry["timestamp"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .expect("log lines carry an RFC 3339 timestamp")
+                    .to_utc();
+                let _ = self.commits.send((n, partition, offset, at));
+            }
+            Some("partitions assigned") | Some("partitions revoked") => {
+                self.rebalances.fetch_add(1, Ordering::Relaxed);
+            }
+            Some("assignment lost: nothing is committed") => {
+                self.rebalances.fetch_add(1, Ordering::Relaxed);
+                self.assignments_lost.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A running instance.
+pub struct Instance {
+    process: Process,
+    /// Where its endpoints (`/metrics`) are served.
+    port: u16,
+}
+
+impl Instance {
+    /// Starts instance `n` of `binary`; its log is appended to `dir/instance-{n}.log` (a
+    /// restarted instance continues the file) and read into `feed`.
+    pub fn start(
+        binary: &Path,
+        n: usize,
+        dir: &Path,
+        database_url: &str,
+        brokers: &str,
+        feed: LogFeed,
+    ) -> Instance {
+        let listener = local_listener().unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut log = File::options()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("instance-{n}.log")))
+            .unwrap();
+        let env: Vec<(String, String)> = [
+            ("HISTORY__DATABASE__URL", database_url.to_owned()),
+            ("HISTORY__DATABASE__CONNECT_TIMEOUT_MS", "1000".into()),
+            ("HISTORY__KAFKA__BROKERS", brokers.to_owned()),
+            ("HISTORY__KAFKA__GROUP_ID", GROUP.into()),
+            ("HISTORY__KAFKA__TOPICS", TOPIC.into()),
+            ("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "3000".into()),
+            ("HISTORY__KAFKA__FETCH_WAIT_MAX_MS", "20".into()),
+            ("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", "100".into()),
+            ("HISTORY__PIPELINE__RETRY_INITIAL_MS", "50".into()),
+            ("HISTORY__PIPELINE__RETRY_MAX_MS", "1000".into()),
+            (
+                "HISTORY__PIPELINE__MAX_IN_FLIGHT_PER_PARTITION",
+                "300".into(),
+            ),
+            ("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "200".into()),
+            // Small oversized poison keeps a long run within the broker's retention.
+            (
+                "HISTORY__PIPELINE__MAX_PAYLOAD_BYTES",
+                MAX_PAYLOAD.to_string(),
+            ),
+            ("HISTORY__LOG__FORMAT", "json".into()),
+            (
+                "HISTORY__LOG__FILTER",
+                "info,history_service::commits=debug".into(),
+            ),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect();
+        let process = Process::command(binary)
+            .arg("run")
+            .envs(&env)
+            .env_remove("RUST_LOG")
+            .env_remove("HISTORY_CONFIG")
+            .hand_over(listener)
+            .on_line(move |line| {
+                let _ = writeln!(log, "{line}");
+                feed.read(n, line);
+            })
+            .spawn()
+            .unwrap();
+        Instance { process, port }
+    }
+
+    /// SIGKILL: no LeaveGroup, no final commit. Returns once every line it wrote was read.
+    pub fn kill(mut self) {
+        self.process.kill();
+    }
+
+    /// SIGTERM: the graceful stop, waited for by [`Instance::wait_stopped`].
+    pub fn terminate(&mut self) {
+        self.process.terminate();
+    }
+
+    /// Waits for the exit after [`Instance::terminate`]; an instance still running then is
+    /// killed. Once it returns, every line the instance wrote was read.
+    pub fn wait_stopped(mut self, timeout: Duration) -> Result<ExitStatus, StillRunning> {
+        self.process.wait_exit(timeout)
+    }
+
+    /// Its /metrics, empty if it does not answer.
+    pub fn metrics(&self) -> String {
+        history_devkit::probe::get(self.port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,123 @@
+//! The plan of a run: its size, its records, and a seeded schedule of faults.
+
+use std::time::Duration;
+
+use history_devkit::workload::{self, PlannedRecord, WorkloadSpec};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+pub const TOPIC: &str = "tickets.status.v1";
+pub const GROUP: &str = "history-chaos";
+pub const PARTITIONS: i32 = 6;
+/// The share of the run during which records are produced; the rest lets the service catch up.
+pub const PRODUCTION_SHARE: f64 = 0.7;
+/// The instances' `pipeline.max_payload_bytes`.
+pub const MAX_PAYLOAD: usize = 4096;
+
+/// How big a run is: the short mode runs in CI, the long one by `scripts/chaos.sh`.
+pub struct Scale {
+    pub records: usize,
+    pub duration: Duration,
+}
+
+impl Scale {
+    /// From HISTORY_CHAOS_RECORDS (default 3,000) and HISTORY_CHAOS_SECONDS (default 30).
+    pub fn from_env() -> Scale {
+        let number = |key: &str, default: u64| {
+            std::env::var(key)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(default)
+        };
+        Scale {
+            records: number("HISTORY_CHAOS_RECORDS", 3000) as usize,
+            duration: Duration::from_secs(number("HISTORY_CHAOS_SECONDS", 30)),
+        }
+    }
+}
+
+/// The seed of a run: HISTORY_CHAOS_SEED replays a run; otherwise a fresh one, printed.
+pub fn seed() -> u64 {
+    let seed = std::env::var("HISTORY_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("chaos seed: {seed} (HISTORY_CHAOS_SEED={seed} replays this schedule)");
+    seed
+}
+
+/// Something the schedule does at a moment of the run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Kill(usize),
+    Start(usize),
+    RestartPostgres,
+    TerminateBackends,
+    /// A line for `dev-kafka`'s fault channel.
+    Broker(String),
+}
+
+/// A seeded schedule: the same seed gives the same actions at the same offsets.
+pub fn schedule(
+    seed: u64,
+    duration: Duration,
+    instances: usize,
+    kills: usize,
+) -> Vec<(Duration, Action)> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut plan = Vec::new();
+    // Kills spread over the first 85% of the run, each followed by a restart 0.3-2 s later.
+    let slot = duration.mul_f64(0.85) / kills.max(1) as u32;
+    for k in 0..kills {
+        let kill_at = slot * k as u32 + slot.mul_f64(rng.random_range(0.2..0.7));
+        let instance = k % instances;
+        plan.push((kill_at, Action::Kill(instance)));
+        let restart_after = Duration::from_millis(rng.random_range(300..2000));
+        plan.push((kill_at + restart_after, Action::Start(instance)));
+    }
+    let mut at = |from: f64, to: f64| duration.mul_f64(rng.random_range(from..to));
+    plan.push((at(0.3, 0.6), Action::RestartPostgres));
+    // Sessions cut about every three seconds: each may land inside a transaction.
+    let terminations = (duration.as_secs() / 3).max(2);
+    for _ in 0..terminations {
+        plan.push((at(0.05, 0.85), Action::TerminateBackends));
+    }
+    let down_at = at(0.15, 0.7);
+    let up_after = at(0.03, 0.08);
+    let broker = 1 + (seed % 3) as i32;
+    plan.push((down_at, Action::Broker(format!("broker-down {broker}"))));
+    plan.push((
+        down_at + up_after,
+        Action::Broker(format!("broker-up {broker}")),
+    ));
+    for (api, error) in [
+        ("fetch", "transport"),
+        ("offset-commit", "coordinator-not-available"),
+        ("heartbeat", "rebalance-in-progress"),
+        // The coordinator forgets the member: librdkafka declares the assignment lost.
+        ("heartbeat", "unknown-member"),
+        ("fetch", "not-leader"),
+    ] {
+        let count = 1 + (seed as usize + api.len()) % 4;
+        plan.push((
+            at(0.05, 0.85),
+            Action::Broker(format!("request-errors {api} {count} {error}")),
+        ));
+    }
+    plan.sort_by_key(|(when, _)| *when);
+    plan
+}
+
+/// The stream of a run: events with 10% duplicates (some on other partitions) and 1% poison.
+pub fn workload(records: usize, seed: u64) -> Vec<PlannedRecord> {
+    workload::generate(&WorkloadSpec {
+        records,
+        duplicates: 0.1,
+        poison: 0.01,
+        partitions: PARTITIONS,
+        id_prefix: format!("chaos-{seed}"),
+        tickets: 300,
+        max_payload_bytes: MAX_PAYLOAD,
+        seed,
+    })
+}
