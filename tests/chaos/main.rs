@@ -15,6 +15,7 @@ mod schedule;
 use std::sync::Mutex;
 
 use harness::{Chaos, Figures};
+use history_devkit::probe::Metrics;
 use schedule::{Action, Scale};
 
 /// The runs share two cores: one at a time.
@@ -98,9 +99,7 @@ fn three_instances_share_six_partitions_through_a_kill_and_a_restart() {
     let counted: f64 = figures
         .final_metrics
         .iter()
-        .flat_map(|text| text.lines())
-        .filter(|line| line.starts_with("history_rebalances_total{"))
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|text| Metrics::parse(text).sum("history_rebalances_total"))
         .sum();
     assert!(counted > 3.0, "rebalances in the metrics: {counted}");
 }
