@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use super::spec;
 use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, PlannedRecord, RecordKind, WorkloadSpec, distinct_events};
 use history_service::kafka::dead_letter_topic as dlq;
@@ -14,19 +15,6 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const DLQ: &str = "history.dlq";
-
-fn spec(records: usize, poison: f64, prefix: &str, seed: u64) -> WorkloadSpec {
-    WorkloadSpec {
-        records,
-        duplicates: 0.1,
-        poison,
-        partitions: 3,
-        id_prefix: prefix.into(),
-        tickets: 40,
-        max_payload_bytes: 65536,
-        seed,
-    }
-}
 
 /// Every record of a topic, from the beginning, with its headers as strings.
 fn read_topic(

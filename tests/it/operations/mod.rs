@@ -5,3 +5,19 @@
 mod dead_letters;
 mod observability;
 mod security;
+
+use history_devkit::workload::WorkloadSpec;
+
+/// The operations scenarios' workload: 10% duplicates over three partitions.
+pub(super) fn spec(records: usize, poison: f64, prefix: &str, seed: u64) -> WorkloadSpec {
+    WorkloadSpec {
+        records,
+        duplicates: 0.1,
+        poison,
+        partitions: 3,
+        id_prefix: prefix.into(),
+        tickets: 40,
+        max_payload_bytes: 65536,
+        seed,
+    }
+}

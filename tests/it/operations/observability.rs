@@ -3,22 +3,10 @@
 
 use std::time::Duration;
 
+use super::spec;
 use history_devkit::probe::Metrics;
 use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, PlannedRecord, RecordKind, WorkloadSpec, distinct_events};
-
-fn spec(records: usize, poison: f64, prefix: &str, seed: u64) -> WorkloadSpec {
-    WorkloadSpec {
-        records,
-        duplicates: 0.1,
-        poison,
-        partitions: 3,
-        id_prefix: prefix.into(),
-        tickets: 40,
-        max_payload_bytes: 65536,
-        seed,
-    }
-}
 
 /// A service (statistics every 200 ms, a short database connect timeout) that has committed
 /// 600 records with some poison; the records and the ends it committed.
