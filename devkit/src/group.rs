@@ -57,6 +57,16 @@ impl GroupInspector {
         self.consumer.fetch_watermarks(topic, partition, timeout)
     }
 
+    /// Whether the group's committed offsets are `ends` (see [`committed_at`]).
+    pub fn has_committed(
+        &self,
+        topic: &str,
+        ends: &[i64],
+        timeout: Duration,
+    ) -> Result<bool, KafkaError> {
+        Ok(self.committed(topic, ends.len() as i32, timeout)? == committed_at(ends))
+    }
+
     /// The end (high watermark) of each partition.
     pub fn ends(
         &self,
@@ -85,9 +95,15 @@ pub struct NotCommitted {
     pub last: String,
 }
 
+/// What a group that consumed partitions ending at `ends` has committed: `Some(end)` for every
+/// partition with records, nothing for an empty one.
+pub fn committed_at(ends: &[i64]) -> Vec<Option<i64>> {
+    ends.iter().map(|&end| (end > 0).then_some(end)).collect()
+}
+
 /// Waits until the group's committed offsets, read by `inspector` (a separate client, as an
-/// operator's tool would), equal `ends`: `Some(end)` for every partition with records, nothing
-/// committed for an empty one. Calls `between` after every reading that was not there yet.
+/// operator's tool would), are [`committed_at`] `ends`. Calls `between` after every reading
+/// that was not there yet.
 pub async fn wait_committed(
     inspector: std::sync::Arc<GroupInspector>,
     topic: &str,
@@ -97,7 +113,7 @@ pub async fn wait_committed(
 ) -> Result<Vec<Option<i64>>, NotCommitted> {
     let deadline = std::time::Instant::now() + timeout;
     let partitions = ends.len() as i32;
-    let expected: Vec<Option<i64>> = ends.iter().map(|&end| (end > 0).then_some(end)).collect();
+    let expected = committed_at(ends);
     loop {
         let committed = {
             let (inspector, topic) = (inspector.clone(), topic.to_owned());
