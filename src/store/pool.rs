@@ -135,10 +135,11 @@ impl Statements {
                  (event_id, ticket_id, from_status, to_status, changed_at) \
                  VALUES ($1, $2, $3, $4, $5)"
             ),
-            // Sorted so that concurrent batches lock markers in one order and cannot deadlock.
+            // Sorted (by bytes, the key columns' order) so that concurrent batches lock markers in
+            // one order and cannot deadlock.
             client.prepare(
                 "INSERT INTO inbox (event_id) \
-                 SELECT id FROM unnest($1::text[]) AS input(id) ORDER BY id \
+                 SELECT id FROM unnest($1::text[]) AS input(id) ORDER BY id COLLATE \"C\" \
                  ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
             ),
             client.prepare(
@@ -150,18 +151,23 @@ impl Statements {
             // A batch in one statement: the markers claimed (sorted, as above), and the rows of
             // the events whose marker was claimed, in key order too (neighbouring index pages
             // are touched one after another). The foreign key is checked at the end of the
-            // statement, when the markers are there.
+            // statement, when the markers are there. It answers the events whose marker was
+            // already there — the redeliveries, a few — rather than every row written: PostgreSQL
+            // then sends, and the service reads, a row per duplicate instead of one per event.
+            // (A data-modifying WITH runs to completion whether or not the query reads it.)
             client.prepare(
                 "WITH input AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
                  $4::text[], $5::timestamptz[]) \
                  AS input(event_id, ticket_id, from_status, to_status, changed_at)), \
                  claimed AS (INSERT INTO inbox (event_id) \
-                 SELECT event_id FROM input ORDER BY event_id \
-                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id) \
-                 INSERT INTO history_events \
+                 SELECT event_id FROM input ORDER BY event_id COLLATE \"C\" \
+                 ON CONFLICT (event_id) DO NOTHING RETURNING event_id), \
+                 saved AS (INSERT INTO history_events \
                  (event_id, ticket_id, from_status, to_status, changed_at) \
-                 SELECT input.* FROM input JOIN claimed USING (event_id) ORDER BY event_id \
-                 RETURNING event_id"
+                 SELECT input.* FROM input JOIN claimed USING (event_id) \
+                 ORDER BY event_id COLLATE \"C\") \
+                 SELECT event_id FROM input \
+                 WHERE NOT EXISTS (SELECT FROM claimed WHERE claimed.event_id = input.event_id)"
             ),
             client.prepare(
                 "INSERT INTO dead_letters (topic, partition, \"offset\", record_key, payload, \

@@ -169,11 +169,12 @@ impl HistoryTransaction for PgTransaction {
         } else {
             self.conn.client.query(&statement, &params).await?
         };
-        let inserted: std::collections::HashSet<&str> =
+        // The statement answers the events whose marker was already there.
+        let already: std::collections::HashSet<&str> =
             rows.iter().map(|row| row.get::<_, &str>(0)).collect();
         Ok(events
             .iter()
-            .map(|event| inserted.contains(event.event_id.as_str()))
+            .map(|event| !already.contains(event.event_id.as_str()))
             .collect())
     }
 
