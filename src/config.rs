@@ -100,6 +100,9 @@ pub struct PipelineSettings {
     pub batch_max_events: usize,
     pub batch_linger_ms: u64,
     pub max_in_flight_per_partition: usize,
+    /// Records held in all partitions together before the service stops taking more from the
+    /// Kafka client (which then keeps what it prefetched).
+    pub max_in_flight: usize,
     pub commit_interval_ms: u64,
     pub retry_initial_ms: u64,
     pub retry_max_ms: u64,
@@ -236,6 +239,12 @@ impl Settings {
             pipeline.max_in_flight_per_partition,
             1,
             10_000_000,
+        )?;
+        in_range(
+            "pipeline.max_in_flight",
+            pipeline.max_in_flight,
+            1,
+            100_000_000,
         )?;
         positive("pipeline.commit_interval_ms", pipeline.commit_interval_ms)?;
         positive("pipeline.retry_initial_ms", pipeline.retry_initial_ms)?;

@@ -21,6 +21,9 @@ pub const COMMITS_TOTAL: &str = "history_offset_commits_total";
 pub const COMMITTED_OFFSET: &str = "history_committed_offset";
 pub const CONSUMER_LAG: &str = "history_consumer_lag";
 pub const IN_FLIGHT: &str = "history_in_flight";
+/// Records taken from the Kafka client and not yet behind their partition's committed position,
+/// in all partitions: what `pipeline.max_in_flight` bounds.
+pub const HELD_RECORDS: &str = "history_held_records";
 pub const ASSIGNED_PARTITIONS: &str = "history_assigned_partitions";
 pub const PARTITION_PAUSES_TOTAL: &str = "history_partition_pauses_total";
 /// Records skipped because the group's position was behind the log start (retention deleted
@@ -84,6 +87,10 @@ pub fn register_families() {
     describe_gauge!(
         IN_FLIGHT,
         "Records in the partition's window (unresolved, and resolved behind them)."
+    );
+    describe_gauge!(
+        HELD_RECORDS,
+        "Records taken from Kafka and not yet behind a committed position, in all partitions."
     );
     describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this replica.");
     describe_counter!(

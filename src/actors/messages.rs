@@ -4,7 +4,7 @@
 //! Kafka side --Records--> PartitionActor --Admit--> OffsetCommitter --WriteJobs--> DbWriter
 //!                              ^  (reply: accepted, window length)            |
 //!                              +--WindowUpdate-- OffsetCommitter <--Resolved--+
-//! PartitionActor --FlowControl--> Kafka side
+//! Kafka side pauses a full partition itself (Inflow); PartitionActor --Drained--> Kafka side
 //! OffsetCommitter --CommitOffsets--> Kafka side --CommitResult--> OffsetCommitter
 //! ```
 //!
@@ -34,13 +34,14 @@ pub struct Records(pub Vec<Record>);
 #[rtype(result = "()")]
 pub struct StopPartition;
 
-/// PartitionActor → Kafka side: the partition's window is full (pause fetching it) or has
-/// drained (resume).
+/// PartitionActor → Kafka side: the partition the Kafka side paused has drained (nothing
+/// queued, the window at half): resume fetching it, if that still holds
+/// ([`Inflow::resume`](super::inflow::Inflow::resume)).
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
-pub enum FlowControl {
-    Pause { tp: TopicPartition, epoch: Epoch },
-    Resume { tp: TopicPartition, epoch: Epoch },
+pub struct Drained {
+    pub tp: TopicPartition,
+    pub epoch: Epoch,
 }
 
 /// OffsetCommitter → Kafka side: commit these positions (periodic commits). The Kafka side

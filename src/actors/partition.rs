@@ -1,34 +1,38 @@
 //! One PartitionActor per assigned partition: decodes its records and has the OffsetCommitter
 //! admit them (track their offsets and hand them to the DB writers) — never more than
 //! `max_in_flight_per_partition` records between the committed position and the newest one.
-//! When that window is full it asks the Kafka side to pause the partition, and to resume it
-//! once the window has drained to half.
+//! The Kafka side pauses the partition when what it handed over fills that ([`Inflow`]); the
+//! actor asks it to resume once everything is admitted and the window has drained to half.
 
 use std::collections::VecDeque;
 
 use actix::prelude::*;
 use tracing::{debug, debug_span, warn};
 
+use std::sync::Arc;
+
 use super::messages::{
-    Admit, AdmitReply, Epoch, FlowControl, Records, StopPartition, TopicPartition, WindowState,
+    Admit, AdmitReply, Drained, Epoch, Records, StopPartition, TopicPartition, WindowState,
     WindowUpdate, Work, WriteJob,
 };
 use super::pipeline::Pipeline;
 use crate::domain::DeadLetter;
 use crate::domain::HistoryEvent;
+use crate::kafka::intake::Inflow;
 
 pub struct PartitionActor {
     tp: TopicPartition,
     epoch: Epoch,
     pipeline: Pipeline,
-    kafka: Recipient<FlowControl>,
+    kafka: Recipient<Drained>,
+    /// What this partition holds, shared with the Kafka side that pauses it.
+    inflow: Arc<Inflow>,
     /// Decoded records waiting for room in the window, in offset order.
     pending: VecDeque<WriteJob>,
     /// The window as the committer last reported it.
     window: WindowState,
     /// An Admit request is on its way; the next waits for its reply, keeping records in order.
     admitting: bool,
-    paused: bool,
 }
 
 impl PartitionActor {
@@ -36,21 +40,22 @@ impl PartitionActor {
         tp: TopicPartition,
         epoch: Epoch,
         pipeline: Pipeline,
-        kafka: Recipient<FlowControl>,
+        kafka: Recipient<Drained>,
+        inflow: Arc<Inflow>,
     ) -> Self {
         PartitionActor {
             tp,
             epoch,
             pipeline,
             kafka,
+            inflow,
             pending: VecDeque::new(),
             window: WindowState::default(),
             admitting: false,
-            paused: false,
         }
     }
 
-    fn max_in_flight(&self) -> usize {
+    fn window_limit(&self) -> usize {
         self.pipeline.settings().max_in_flight_per_partition
     }
 
@@ -97,6 +102,7 @@ impl PartitionActor {
     fn observe(&mut self, window: WindowState) {
         if window.version >= self.window.version {
             self.window = window;
+            self.inflow.window(window.len);
         }
     }
 
@@ -109,16 +115,15 @@ impl PartitionActor {
             self.resume_if_drained();
             return;
         }
-        let room = self.max_in_flight().saturating_sub(self.window.len);
+        let room = self.window_limit().saturating_sub(self.window.len);
         if room == 0 {
-            self.pause();
             return;
         }
         let take = room.min(self.pending.len());
         let jobs: Vec<WriteJob> = self.pending.drain(..take).collect();
-        if !self.pending.is_empty() {
-            // What is left cannot fit: stop fetching more until the window drains.
-            self.pause();
+        if self.pending.is_empty() {
+            // A burst's queue is not kept at its peak size for the rest of the assignment.
+            self.pending.shrink_to(self.window_limit());
         }
         self.admitting = true;
         let admit = Admit {
@@ -133,6 +138,7 @@ impl PartitionActor {
             match reply {
                 Ok(AdmitReply::Accepted { window }) => {
                     actor.observe(window);
+                    actor.inflow.admitted(take, actor.window.len);
                     actor.pump(ctx);
                 }
                 Ok(AdmitReply::Rejected) | Err(_) => {
@@ -143,23 +149,10 @@ impl PartitionActor {
         }));
     }
 
-    fn pause(&mut self) {
-        if !self.paused {
-            self.paused = true;
-            self.pipeline.stats().pause();
-            debug!(tp = %self.tp, window = self.window.len, "window full: pausing");
-            self.kafka.do_send(FlowControl::Pause {
-                tp: self.tp.clone(),
-                epoch: self.epoch,
-            });
-        }
-    }
-
     fn resume_if_drained(&mut self) {
-        if self.paused && self.pending.is_empty() && self.window.len <= self.max_in_flight() / 2 {
-            self.paused = false;
-            debug!(tp = %self.tp, window = self.window.len, "window drained: resuming");
-            self.kafka.do_send(FlowControl::Resume {
+        if self.inflow.drained() {
+            debug!(tp = %self.tp, window = self.window.len, "window drained: asking to resume");
+            self.kafka.do_send(Drained {
                 tp: self.tp.clone(),
                 epoch: self.epoch,
             });
@@ -221,13 +214,18 @@ impl Handler<StopPartition> for PartitionActor {
 // Here rather than in pipeline.rs: the partition actor holds the pipeline handle, so the
 // handle's file must not name the actor, or the two files would import each other.
 impl Pipeline {
-    /// Starts the actor of a newly assigned partition on the current arbiter.
+    /// Starts the actor of a newly assigned partition on the current arbiter, with the count of
+    /// what it holds that the Kafka side keeps as it hands records over.
     pub fn start_partition(
         &self,
         tp: TopicPartition,
         epoch: Epoch,
-        kafka: Recipient<FlowControl>,
-    ) -> Addr<PartitionActor> {
-        PartitionActor::new(tp, epoch, self.clone(), kafka).start()
+        kafka: Recipient<Drained>,
+    ) -> (Addr<PartitionActor>, Arc<Inflow>) {
+        let inflow = self
+            .intake()
+            .partition(self.settings().max_in_flight_per_partition);
+        let actor = PartitionActor::new(tp, epoch, self.clone(), kafka, inflow.clone()).start();
+        (actor, inflow)
     }
 }

@@ -14,6 +14,7 @@ use super::messages::{AttachKafka, CommitOffsets, Drain, DrainReport};
 use super::writer::{DbWriter, WriterSettings};
 use crate::config::PipelineSettings;
 use crate::kafka::dead_letter_topic::{self, DeadLetterPublisher};
+use crate::kafka::intake::Intake;
 use crate::metrics::Stats;
 use crate::store::{PgHistoryRepository, PgPool};
 
@@ -27,6 +28,8 @@ struct Shared {
     committer: Addr<OffsetCommitter>,
     settings: PipelineSettings,
     stats: Arc<Stats>,
+    /// What the service holds of what it fetched, in all and per partition.
+    intake: Arc<Intake>,
     arbiters: Mutex<Vec<Arbiter>>,
 }
 
@@ -89,6 +92,7 @@ impl Pipeline {
                 committer,
                 settings: settings.clone(),
                 stats,
+                intake: Intake::new(settings.max_in_flight),
                 arbiters: Mutex::new(arbiters),
             }),
         }
@@ -109,6 +113,10 @@ impl Pipeline {
 
     pub fn stats(&self) -> &Arc<Stats> {
         &self.shared.stats
+    }
+
+    pub fn intake(&self) -> &Arc<Intake> {
+        &self.shared.intake
     }
 
     /// Waits until nothing is in flight or the deadline passes; reports the positions to commit

@@ -1,6 +1,7 @@
 //! The Kafka supervisor: owns the consumer-group membership, fetches records, and hands each
-//! partition's records to its partition actor. It pauses and resumes partitions at their actors'
-//! request and performs the commits the OffsetCommitter asks for.
+//! partition's records to its partition actor. It pauses a partition the moment what it handed
+//! over fills the partition's window, resumes it when its actor reports it drained, and performs
+//! the commits the OffsetCommitter asks for.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,26 +15,39 @@ use rdkafka::consumer::Consumer;
 use tracing::{debug, info, warn};
 
 use super::messages::{
-    CommitOffsets, CommitOutcome, CommitPosition, Epoch, FlowControl, Record, Records,
-    StopPartition, TopicPartition,
+    CommitOffsets, CommitOutcome, CommitPosition, Drained, Epoch, Record, Records, StopPartition,
+    TopicPartition,
 };
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
 use crate::kafka::commit_worker::CommitWorker;
+use crate::kafka::intake::Inflow;
 use crate::kafka::reset_watch::ResetWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
+thread_local! { static RESUMED: std::cell::RefCell<HashMap<TopicPartition, Instant>> = std::cell::RefCell::new(HashMap::new()); }
 /// Most items handled in one go; a chunk is split per partition into `Records` messages.
 const CHUNK: usize = 1024;
+
+/// Longest the stream waits for room before it polls the client anyway: the client serves
+/// rebalance callbacks only while polled, and a partition that fills meanwhile is paused.
+const ROOM_MAX_WAIT: Duration = Duration::from_millis(100);
 
 pub struct KafkaSupervisor {
     consumer: Option<Arc<HistoryConsumer>>,
     commits: Option<CommitWorker>,
     pipeline: Pipeline,
-    partitions: HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
+    partitions: HashMap<TopicPartition, Assigned>,
     fetching: Option<SpawnHandle>,
     /// Tells records skipped by an offset reset from gaps, off this thread.
     resets: ResetWatch,
+}
+
+/// A partition assigned here: its epoch, its actor and what it holds.
+struct Assigned {
+    epoch: Epoch,
+    actor: Addr<PartitionActor>,
+    inflow: Arc<Inflow>,
 }
 
 impl KafkaSupervisor {
@@ -63,11 +77,16 @@ impl KafkaSupervisor {
                 for (tp, epoch) in assigned {
                     // A partition paused under its previous assignment must not stay paused.
                     resumed.add_partition(&tp.topic, tp.partition);
-                    let actor =
+                    let (actor, inflow) =
                         self.pipeline
                             .start_partition(tp.clone(), epoch, ctx.address().recipient());
-                    if let Some((_, old)) = self.partitions.insert(tp, (epoch, actor)) {
-                        old.do_send(StopPartition);
+                    let assigned = Assigned {
+                        epoch,
+                        actor,
+                        inflow,
+                    };
+                    if let Some(old) = self.partitions.insert(tp, assigned) {
+                        old.actor.do_send(StopPartition);
                     }
                 }
                 if let Some(consumer) = self.consumer() {
@@ -77,11 +96,9 @@ impl KafkaSupervisor {
             RebalanceEvent::Revoked { partitions, .. } => {
                 self.resets.revoked(&partitions);
                 for (tp, epoch) in partitions {
-                    if let Some((current, _)) = self.partitions.get(&tp) {
-                        if *current == epoch {
-                            let (_, actor) = self.partitions.remove(&tp).expect("present");
-                            actor.do_send(StopPartition);
-                        }
+                    if self.current_epoch(&tp) == Some(epoch) {
+                        let assigned = self.partitions.remove(&tp).expect("present");
+                        assigned.actor.do_send(StopPartition);
                     }
                 }
             }
@@ -90,25 +107,54 @@ impl KafkaSupervisor {
 
     fn deliver(&self, tp: TopicPartition, records: Vec<Record>) {
         match self.partitions.get(&tp) {
-            Some((epoch, actor)) => {
-                self.resets.records(&tp, *epoch, &records);
-                actor.do_send(Records(records));
+            Some(assigned) => {
+                if let Some(at) = RESUMED.with(|m| m.borrow_mut().remove(&tp)) {
+                    tracing::info!(%tp, gap_us = at.elapsed().as_micros() as u64, n = records.len(), window = assigned.inflow.queued(), "PROBE refetch");
+                }
+                self.resets.records(&tp, assigned.epoch, &records);
+                let full = assigned.inflow.handed_over(records.len());
+                assigned.actor.do_send(Records(records));
+                if full {
+                    // Paused now, not when the actor gets to it: the rest of this fetch would
+                    // only wait in its queue.
+                    self.pipeline.stats().pause();
+                    debug!(%tp, "partition full: pausing");
+                    self.flow(&tp, true);
+                }
             }
             None => {
                 // Not assigned here (a record fetched just before its revoke). Dropping it is
                 // safe: nothing after it in this partition can be committed by this process.
+                self.pipeline.intake().dropped(records.len());
                 debug!(%tp, count = records.len(), "records of an unassigned partition dropped");
             }
         }
     }
 
     fn current_epoch(&self, tp: &TopicPartition) -> Option<Epoch> {
-        self.partitions.get(tp).map(|(epoch, _)| *epoch)
+        self.partitions.get(tp).map(|assigned| assigned.epoch)
     }
 
     fn stop_partitions(&mut self) {
-        for (_, (_, actor)) in self.partitions.drain() {
-            actor.do_send(StopPartition);
+        for (_, assigned) in self.partitions.drain() {
+            assigned.actor.do_send(StopPartition);
+        }
+    }
+
+    /// Pauses or resumes fetching one partition.
+    fn flow(&self, tp: &TopicPartition, pause: bool) {
+        let Some(consumer) = self.consumer() else {
+            return;
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.topic, tp.partition);
+        let result = if pause {
+            consumer.pause(&tpl)
+        } else {
+            consumer.resume(&tpl)
+        };
+        if let Err(err) = result {
+            warn!(%tp, pause, error = %err, "pause/resume failed");
         }
     }
 }
@@ -119,7 +165,8 @@ impl Actor for KafkaSupervisor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
         if let Some(consumer) = self.consumer.clone() {
-            let stream = item_stream(consumer).ready_chunks(CHUNK);
+            let intake = self.pipeline.intake().clone();
+            let stream = item_stream(consumer, intake, ROOM_MAX_WAIT).ready_chunks(CHUNK);
             self.fetching = Some(ctx.add_stream(stream));
         }
         // Summaries of repeated client errors are due even when the errors stopped.
@@ -165,29 +212,17 @@ impl StreamHandler<Vec<KafkaItem>> for KafkaSupervisor {
     }
 }
 
-impl Handler<FlowControl> for KafkaSupervisor {
+impl Handler<Drained> for KafkaSupervisor {
     type Result = ();
 
-    fn handle(&mut self, msg: FlowControl, _: &mut Context<Self>) {
-        let (tp, epoch, pause) = match msg {
-            FlowControl::Pause { tp, epoch } => (tp, epoch, true),
-            FlowControl::Resume { tp, epoch } => (tp, epoch, false),
-        };
-        if self.current_epoch(&tp) != Some(epoch) {
-            return;
-        }
-        let Some(consumer) = self.consumer() else {
+    fn handle(&mut self, msg: Drained, _: &mut Context<Self>) {
+        let Some(assigned) = self.partitions.get(&msg.tp) else {
             return;
         };
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&tp.topic, tp.partition);
-        let result = if pause {
-            consumer.pause(&tpl)
-        } else {
-            consumer.resume(&tpl)
-        };
-        if let Err(err) = result {
-            warn!(%tp, pause, error = %err, "pause/resume failed");
+        if assigned.epoch == msg.epoch && assigned.inflow.resume() {
+            debug!(tp = %msg.tp, "partition drained: resuming");
+            RESUMED.with(|m| m.borrow_mut().insert(msg.tp.clone(), Instant::now()));
+            self.flow(&msg.tp, false);
         }
     }
 }

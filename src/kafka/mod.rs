@@ -6,12 +6,14 @@ pub mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;
 pub mod error_log;
+pub mod intake;
 pub mod messages;
 pub mod offset_reset;
 pub mod replay;
 pub mod reset_watch;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use rdkafka::config::ClientConfig;
@@ -24,6 +26,7 @@ pub use context::{RebalanceEvent, SupervisorContext};
 
 use crate::config::{ConfigError, KafkaSettings};
 use crate::domain::{Record, TopicPartition};
+use intake::Intake;
 
 /// The consumer could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -174,14 +177,25 @@ pub fn subscribe(
 }
 
 /// The consumer as a stream of items. Rebalance callbacks run while the consumer is polled, so
-/// the events they queue are yielded before the record that poll returned.
-pub fn item_stream(consumer: Arc<HistoryConsumer>) -> impl Stream<Item = KafkaItem> {
+/// the events they queue are yielded before the record that poll returned. A record is taken
+/// from the client only while the `intake` has room, or once `max_wait` has passed without
+/// room (so that rebalance callbacks are still served).
+pub fn item_stream(
+    consumer: Arc<HistoryConsumer>,
+    intake: Arc<Intake>,
+    max_wait: Duration,
+) -> impl Stream<Item = KafkaItem> {
     let known: Vec<TopicPartition> = Vec::new();
-    futures::stream::unfold((consumer, known), |(consumer, mut known)| async move {
+    let state = (consumer, intake, known);
+    futures::stream::unfold(state, move |(consumer, intake, mut known)| async move {
         let received = tokio::select! {
             biased;
             _ = consumer.context().notify.notified() => None,
-            received = consumer.recv() => Some(received.map(|message| {
+            received = async {
+                intake.room(max_wait).await;
+                consumer.recv().await
+            } => Some(received.map(|message| {
+                intake.taken();
                 let tp = intern(&mut known, message.topic(), message.partition());
                 let record = Record {
                     offset: message.offset(),
@@ -206,7 +220,7 @@ pub fn item_stream(consumer: Arc<HistoryConsumer>) -> impl Stream<Item = KafkaIt
             Some(Err(err)) => items.push(KafkaItem::Error(err)),
             None => {}
         }
-        Some((futures::stream::iter(items), (consumer, known)))
+        Some((futures::stream::iter(items), (consumer, intake, known)))
     })
     .flatten()
 }

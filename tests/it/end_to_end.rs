@@ -242,6 +242,86 @@ async fn a_backlog_far_larger_than_the_window_is_paused_resumed_and_fully_record
     );
 }
 
+/// Drains a 3,000-record backlog over two partitions with writes slower than fetching (a
+/// millisecond per row, batches of 20) under the given limits; answers the most records the
+/// service held at once (`history_held_records`, read every few milliseconds).
+async fn most_held_while_draining(per_partition: &str, in_all: &str) -> f64 {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.env(
+            "HISTORY__PIPELINE__MAX_IN_FLIGHT_PER_PARTITION",
+            per_partition,
+        )
+        .env("HISTORY__PIPELINE__MAX_IN_FLIGHT", in_all)
+        .env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "20");
+    })
+    .await;
+    app.db
+        .client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$;
+             CREATE TRIGGER slow_row BEFORE INSERT ON history_events
+             FOR EACH ROW EXECUTE FUNCTION slow_row();",
+        )
+        .await
+        .unwrap();
+    let records = events_with_duplicates(3000, "intake", 50, 11);
+    let distinct = distinct_events(&records);
+    app.produce(&records).await;
+    app.start();
+
+    let ends = app.ends().await;
+    let mut most_held = 0.0_f64;
+    while app
+        .committed()
+        .await
+        .iter()
+        .zip(&ends)
+        .any(|(c, e)| *c != Some(*e))
+    {
+        let held = app
+            .metrics()
+            .await
+            .get("history_held_records")
+            .unwrap_or(0.0);
+        most_held = most_held.max(held);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(app.db.count("history_events").await, distinct as i64);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+    most_held
+}
+
+#[actix_rt::test]
+async fn a_backlog_is_taken_from_kafka_no_faster_than_it_is_written() {
+    // No partition limit to speak of: only pipeline.max_in_flight holds the backlog back, in
+    // the Kafka client's queue.
+    let most_held = most_held_while_draining("100000", "200").await;
+    assert!(
+        most_held >= 150.0,
+        "the writers never fell behind: at most {most_held} held"
+    );
+    // The intake waits for room before each record; when none comes within 100 ms it takes one
+    // anyway (so rebalances are still served), which a slow batch may let through.
+    assert!(
+        most_held <= 220.0,
+        "{most_held} records held, beyond pipeline.max_in_flight = 200"
+    );
+}
+
+#[actix_rt::test]
+async fn a_partition_is_paused_as_soon_as_what_was_handed_over_fills_its_window() {
+    let most_held = most_held_while_draining("100", "100000").await;
+    // Two partitions of 100, and what was fetched with the record that filled one: the rest of
+    // a chunk the consumer stream took at once (at most 1,024 records).
+    assert!(
+        most_held <= 2.0 * (100.0 + 1024.0),
+        "{most_held} records held with windows of 100"
+    );
+}
+
 #[actix_rt::test]
 async fn a_lost_assignment_commits_nothing_and_the_rejoined_member_rereads_without_duplicates() {
     lost_assignment(None).await;

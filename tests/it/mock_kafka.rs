@@ -1,5 +1,5 @@
 //! A mock Kafka supervisor: stands where the real one does, injects records at any offsets, in
-//! any order, on any partitions, and records every commit and flow-control request it gets. It
+//! any order, on any partitions, and records every commit, pause and resume it makes. It
 //! answers commits like a broker — confirmed, or refused when told to refuse — and commits the
 //! positions a revoke returns, as the real rebalance callback does.
 
@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use history_service::actors::Pipeline;
 use history_service::actors::messages::{
-    CommitOffsets, CommitOutcome, CommitPosition, CommitResult, Epoch, FlowControl, InspectWindows,
+    CommitOffsets, CommitOutcome, CommitPosition, CommitResult, Drained, Epoch, InspectWindows,
     Lost, Record, Records, Revoke, StaleOutcomes, StopPartition, TopicPartition, WindowSnapshot,
 };
 use history_service::actors::partition::PartitionActor;
+use history_service::kafka::intake::Inflow;
 
 /// What the mock was asked to do.
 #[derive(Default, Debug)]
@@ -24,7 +25,8 @@ pub struct MockLog {
     pub refused: Vec<CommitPosition>,
     /// What each revoke returned, in order.
     pub revoked: Vec<Vec<CommitPosition>>,
-    pub flow: Vec<FlowControl>,
+    /// Pauses and resumes, in order, as the real supervisor makes them.
+    pub flow: Vec<Flow>,
     /// How many of the next commit requests to refuse.
     pub refuse_next: usize,
 }
@@ -35,7 +37,7 @@ impl MockLog {
     fn commit(
         &mut self,
         positions: Vec<CommitPosition>,
-        assigned: &HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
+        assigned: &HashMap<TopicPartition, Assigned>,
     ) -> CommitOutcome {
         let mut outcome = CommitOutcome::default();
         if self.refuse_next > 0 {
@@ -47,7 +49,7 @@ impl MockLog {
         for position in positions {
             let current = assigned
                 .get(&position.tp)
-                .is_some_and(|(epoch, _)| *epoch == position.epoch);
+                .is_some_and(|assigned| assigned.epoch == position.epoch);
             if current {
                 self.commits.push(position.clone());
                 outcome.confirmed.push(position);
@@ -60,9 +62,23 @@ impl MockLog {
     }
 }
 
+/// A fetching decision of the Kafka side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Flow {
+    Paused(TopicPartition, Epoch),
+    Resumed(TopicPartition, Epoch),
+}
+
+/// A partition assigned to the mock: its epoch, its actor and what it holds.
+pub struct Assigned {
+    epoch: Epoch,
+    actor: Addr<PartitionActor>,
+    inflow: Arc<Inflow>,
+}
+
 pub struct MockKafka {
     pipeline: Pipeline,
-    partitions: HashMap<TopicPartition, (Epoch, Addr<PartitionActor>)>,
+    partitions: HashMap<TopicPartition, Assigned>,
     log: Arc<Mutex<MockLog>>,
 }
 
@@ -88,11 +104,16 @@ pub struct RevokePartition(pub TopicPartition, pub Duration);
 impl Handler<Assign> for MockKafka {
     type Result = ();
     fn handle(&mut self, msg: Assign, ctx: &mut Context<Self>) {
-        let actor = self
-            .pipeline
-            .start_partition(msg.0.clone(), msg.1, ctx.address().recipient());
-        if let Some((_, old)) = self.partitions.insert(msg.0, (msg.1, actor)) {
-            old.do_send(StopPartition);
+        let (actor, inflow) =
+            self.pipeline
+                .start_partition(msg.0.clone(), msg.1, ctx.address().recipient());
+        let assigned = Assigned {
+            epoch: msg.1,
+            actor,
+            inflow,
+        };
+        if let Some(old) = self.partitions.insert(msg.0, assigned) {
+            old.actor.do_send(StopPartition);
         }
     }
 }
@@ -100,15 +121,23 @@ impl Handler<Assign> for MockKafka {
 impl Handler<Inject> for MockKafka {
     type Result = ();
     fn handle(&mut self, msg: Inject, _: &mut Context<Self>) {
-        let (_, actor) = &self.partitions[&msg.0];
-        actor.do_send(Records(msg.1));
+        let assigned = &self.partitions[&msg.0];
+        // As the real consumer stream and supervisor: the records are taken, handed over, and
+        // a partition they fill is paused at once.
+        (0..msg.1.len()).for_each(|_| self.pipeline.intake().taken());
+        let full = assigned.inflow.handed_over(msg.1.len());
+        assigned.actor.do_send(Records(msg.1));
+        if full {
+            let flow = Flow::Paused(msg.0.clone(), assigned.epoch);
+            self.log.lock().unwrap().flow.push(flow);
+        }
     }
 }
 
 impl Handler<RevokePartition> for MockKafka {
     type Result = ResponseActFuture<Self, Vec<CommitPosition>>;
     fn handle(&mut self, msg: RevokePartition, _: &mut Context<Self>) -> Self::Result {
-        let epoch = self.partitions[&msg.0].0;
+        let epoch = self.partitions[&msg.0].epoch;
         let committer = self.pipeline.committer().clone();
         let revoke = committer.send(Revoke {
             partitions: vec![(msg.0.clone(), epoch)],
@@ -123,8 +152,8 @@ impl Handler<RevokePartition> for MockKafka {
                 log.revoked.push(positions.clone());
                 log.commit(positions.clone(), &mock.partitions);
             }
-            let (_, actor) = mock.partitions.remove(&msg.0).expect("assigned");
-            actor.do_send(StopPartition);
+            let assigned = mock.partitions.remove(&msg.0).expect("assigned");
+            assigned.actor.do_send(StopPartition);
             positions
         }))
     }
@@ -148,8 +177,8 @@ pub struct StopAll;
 impl Handler<StopAll> for MockKafka {
     type Result = ();
     fn handle(&mut self, _: StopAll, _: &mut Context<Self>) {
-        for (_, actor) in self.partitions.values() {
-            actor.do_send(StopPartition);
+        for assigned in self.partitions.values() {
+            assigned.actor.do_send(StopPartition);
         }
     }
 }
@@ -162,7 +191,7 @@ pub struct LosePartition(pub TopicPartition);
 impl Handler<LosePartition> for MockKafka {
     type Result = ResponseFuture<()>;
     fn handle(&mut self, msg: LosePartition, _: &mut Context<Self>) -> Self::Result {
-        let (epoch, actor) = self.partitions.remove(&msg.0).expect("assigned");
+        let Assigned { epoch, actor, .. } = self.partitions.remove(&msg.0).expect("assigned");
         actor.do_send(StopPartition);
         let committer = self.pipeline.committer().clone();
         Box::pin(async move {
@@ -188,10 +217,19 @@ impl Handler<CommitOffsets> for MockKafka {
     }
 }
 
-impl Handler<FlowControl> for MockKafka {
+impl Handler<Drained> for MockKafka {
     type Result = ();
-    fn handle(&mut self, msg: FlowControl, _: &mut Context<Self>) {
-        self.log.lock().unwrap().flow.push(msg);
+    fn handle(&mut self, msg: Drained, _: &mut Context<Self>) {
+        let Some(assigned) = self.partitions.get(&msg.tp) else {
+            return;
+        };
+        if assigned.epoch == msg.epoch && assigned.inflow.resume() {
+            self.log
+                .lock()
+                .unwrap()
+                .flow
+                .push(Flow::Resumed(msg.tp, msg.epoch));
+        }
     }
 }
 

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use history_devkit::workload::{event_payload, seed_records};
 use history_service::actors::Pipeline;
-use history_service::actors::messages::{FlowControl, Record, TopicPartition, WindowSnapshot};
+use history_service::actors::messages::{Record, TopicPartition, WindowSnapshot};
 use history_service::config::PipelineSettings;
 use history_service::metrics::Stats;
 
 use crate::common::{TestDb, test_settings};
-use crate::mock_kafka::Harness;
+use crate::mock_kafka::{Flow, Harness};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -262,10 +262,7 @@ async fn the_window_cap_pauses_the_partition_and_resumes_it_when_drained() {
             .lock()
             .unwrap()
             .flow
-            .contains(&FlowControl::Pause {
-                tp: tp.clone(),
-                epoch: 1
-            }),
+            .contains(&Flow::Paused(tp.clone(), 1)),
         "a full window pauses the partition"
     );
 
@@ -289,10 +286,7 @@ async fn the_window_cap_pauses_the_partition_and_resumes_it_when_drained() {
             .lock()
             .unwrap()
             .flow
-            .contains(&FlowControl::Resume {
-                tp: tp.clone(),
-                epoch: 1
-            }),
+            .contains(&Flow::Resumed(tp.clone(), 1)),
         "a drained window resumes the partition"
     );
     assert_eq!(db.count("history_events").await, 1000);
