@@ -28,6 +28,8 @@ FROM rust:${RUST_VERSION}-bookworm AS builder
 #   - libssl-dev: rdkafka's `ssl` feature (librdkafka --enable-ssl: SSL/SASL_SSL, SCRAM) and the
 #     `openssl`/`postgres-openssl` crates link the system OpenSSL 3 through openssl-sys, which
 #     finds it with pkg-config (libssl.so.3/libcrypto.so.3 at run time).
+#   - tikv-jemalloc-sys (the binary's allocator) builds the jemalloc bundled in the crate with its
+#     shipped configure script and make: gcc and make again, nothing more; linked statically.
 # The rust:*-bookworm image (buildpack-deps) already ships most of these; they are listed so the
 # requirement is explicit and the stage still works on a slimmer base.
 RUN apt-get update \
