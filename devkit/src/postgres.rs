@@ -48,7 +48,7 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
             let cluster = ThrowawayCluster::start(&bin, &[])?;
             let mut local = tokio_postgres::Config::new();
             local
-                .host("127.0.0.1")
+                .host_path(&cluster.dir)
                 .port(cluster.port)
                 .user("postgres")
                 .dbname(config.get_dbname().unwrap_or("history"));
@@ -60,13 +60,9 @@ pub async fn prepare(config: &tokio_postgres::Config) -> Result<DevDatabase, Dev
     {
         info!(database = %history_service::store::describe_target(&config), "database created");
     }
-    let url_override = throwaway.as_ref().map(|cluster| {
-        format!(
-            "postgres://postgres@127.0.0.1:{}/{}",
-            cluster.port,
-            config.get_dbname().unwrap_or("history")
-        )
-    });
+    let url_override = throwaway
+        .as_ref()
+        .map(|cluster| cluster.url(config.get_dbname().unwrap_or("history")));
     Ok(DevDatabase {
         config,
         url_override,
@@ -87,10 +83,13 @@ fn find_binaries() -> Option<PathBuf> {
     })
 }
 
-/// A PostgreSQL cluster in a temporary directory, listening on a Unix socket there and on a
-/// free local port. Stopped and deleted on drop.
+/// A PostgreSQL cluster in a temporary directory, listening only on a Unix socket there: no
+/// TCP port to find free (PostgreSQL binds its sockets itself and takes none handed over, so a
+/// port picked for it could be taken before it binds). Stopped and deleted on drop.
 pub struct ThrowawayCluster {
+    /// Its directory: the data, the log, and the socket.
     pub dir: PathBuf,
+    /// The port in the socket's name (`.s.PGSQL.<port>`); nothing listens on it over TCP.
     pub port: u16,
     bin: PathBuf,
     run_as: Option<(u32, u32)>,
@@ -106,9 +105,22 @@ impl ThrowawayCluster {
         Self::start(&bin, settings)
     }
 
-    /// The URL of a database on this cluster, over TCP.
+    /// The URL of a database on this cluster: its socket directory as the host,
+    /// percent-encoded (`postgres://postgres@%2Ftmp%2Fhistory-pg-…:5432/dbname`).
     pub fn url(&self, dbname: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{dbname}", self.port)
+        let host: String = self
+            .dir
+            .display()
+            .to_string()
+            .bytes()
+            .map(|byte| match byte {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    char::from(byte).to_string()
+                }
+                _ => format!("%{byte:02X}"),
+            })
+            .collect();
+        format!("postgres://postgres@{host}:{}/{dbname}", self.port)
     }
 
     /// Restarts the server (a fast shutdown: sessions are cut, committed work is kept).
@@ -140,12 +152,8 @@ impl ThrowawayCluster {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))
                 .map_err(|e| fail("hand its directory to postgres", &e))?;
         }
-        // PostgreSQL binds its port itself (it takes no socket handed over): one the OS gave
-        // out a moment ago.
-        let port = crate::process::local_listener()
-            .and_then(|listener| listener.local_addr())
-            .map_err(|e| fail("find a free port", &e))?
-            .port();
+        // Only the socket's name: the directory is the cluster's own.
+        let port = 5432;
         let cluster = ThrowawayCluster {
             dir,
             port,
@@ -167,7 +175,7 @@ impl ThrowawayCluster {
             ],
         )?;
         let mut options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {port} -k {} -c listen_addresses='' -c fsync=off",
             cluster.dir.display()
         );
         for setting in settings {

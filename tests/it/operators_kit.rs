@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use history_devkit::probe::get as http_get;
-use history_devkit::process::{Process, local_listener};
+use history_devkit::process::Process;
 use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, WorkloadSpec};
 use history_service::metrics as names;
@@ -390,10 +390,9 @@ impl Prometheus {
             rules = repo(ALERTS).display()
         );
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-        // Prometheus binds its address itself (it takes no socket handed over): a port the OS
-        // gave out a moment ago.
-        let port = local_listener().unwrap().local_addr().unwrap().port();
-        let process = Process::command(binary)
+        // Prometheus binds its address itself (it takes no socket handed over): port 0, and the
+        // port the OS chose read from its log line `msg="Listening on" address=127.0.0.1:PORT`.
+        let mut process = Process::command(binary)
             .arg(format!(
                 "--config.file={}",
                 dir.join("prometheus.yml").display()
@@ -402,9 +401,16 @@ impl Prometheus {
                 "--storage.tsdb.path={}",
                 dir.join("data").display()
             ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--web.listen-address=127.0.0.1:0")
             .spawn()
             .expect("prometheus starts");
+        let line = process
+            .wait_for_line("msg=\"Listening on\"", Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("Prometheus never listened:\n{}", process.logs()));
+        let port = line
+            .rsplit_once("address=127.0.0.1:")
+            .and_then(|(_, port)| port.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
         Prometheus { process, dir, port }
     }
 
