@@ -45,11 +45,13 @@ pub enum ServiceError {
 }
 
 // Loading is defined here, above every layer whose checks it runs: the configuration layer
-// reads and checks the plain values, the store parses the database's.
+// reads and checks the plain values, the Kafka layer the pass-through librdkafka properties,
+// the store parses the database's.
 impl Settings {
     /// The settings the service starts with: the built-in defaults, `file` (the `--config`
     /// path, if any) and the environment, read and validated by the configuration layer, then
-    /// the database's URL and password file parsed by the store. A value the service could not
+    /// each librdkafka property checked by the Kafka layer and the database's URL and password
+    /// file parsed by the store. A value the service could not
     /// start with fails here, naming its key and the reason, never a secret.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
         Self::load_from(file, None)
@@ -61,6 +63,7 @@ impl Settings {
         environment: Option<std::collections::HashMap<String, String>>,
     ) -> Result<Self, ConfigError> {
         let settings = Settings::read_from(file, environment)?;
+        crate::kafka::properties::validate(&settings.kafka)?;
         settings.database.postgres_config()?;
         Ok(settings)
     }

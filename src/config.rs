@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
 use serde::Deserialize;
 
 /// The defaults, built in so the binary needs no file to start.
@@ -224,7 +224,6 @@ impl Settings {
         positive("kafka.fetch_queue_kbytes", kafka.fetch_queue_kbytes)?;
         positive("kafka.fetch_queue_messages", kafka.fetch_queue_messages)?;
         positive("kafka.error_log_interval_ms", kafka.error_log_interval_ms)?;
-        kafka.validate_properties()?;
 
         let pipeline = &self.pipeline;
         in_range("pipeline.writers", pipeline.writers, 1, 256)?;
@@ -389,29 +388,6 @@ impl KafkaSettings {
         Ok(properties)
     }
 
-    /// Checks each pass-through property on its own against librdkafka, so a misspelled name or
-    /// a rejected value stops the service at start-up naming the key — in a message built here,
-    /// since librdkafka's own quotes the value, and values may be secrets.
-    fn validate_properties(&self) -> Result<(), ConfigError> {
-        let properties = self.librdkafka_properties()?;
-        for (key, value) in &properties {
-            let origin = if self.property_files.contains_key(key) {
-                "kafka.property_files"
-            } else {
-                "kafka.properties"
-            };
-            let mut single = rdkafka::ClientConfig::new();
-            single.set(key.as_str(), value.expose_secret());
-            if let Err(err) = single.create_native_config() {
-                return Err(ConfigError::InvalidProperty {
-                    key: format!("{origin}.{key}"),
-                    reason: property_rejection(&err, value.expose_secret()),
-                });
-            }
-        }
-        Ok(())
-    }
-
     /// Every configured property value: what an error message about a Kafka client must never
     /// show.
     pub fn property_values(&self) -> Vec<SecretString> {
@@ -431,25 +407,6 @@ impl KafkaSettings {
 
     pub fn error_log_interval(&self) -> Duration {
         Duration::from_millis(self.error_log_interval_ms)
-    }
-}
-
-/// Why librdkafka refused one property, without its value.
-fn property_rejection(err: &rdkafka::error::KafkaError, value: &str) -> String {
-    use rdkafka::error::KafkaError;
-    use rdkafka::types::RDKafkaConfRes;
-    match err {
-        KafkaError::ClientConfig(RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN, ..) => {
-            "librdkafka has no such property (is it misspelled?)".to_owned()
-        }
-        KafkaError::ClientConfig(_, description, ..) => {
-            format!(
-                "librdkafka rejects its value (not shown): {}",
-                redact(description, [value])
-            )
-        }
-        // A NUL byte in the name or the value: the only other way setting one can fail.
-        _ => "the name or the value contains a NUL character".to_owned(),
     }
 }
 
@@ -523,6 +480,8 @@ impl HttpSettings {
 mod tests {
     use std::collections::HashMap;
     use std::io::Write;
+
+    use secrecy::ExposeSecret;
 
     use super::*;
 
@@ -749,62 +708,6 @@ mod tests {
             settings.pipeline.unready_after_failing(),
             Duration::from_millis(1500)
         );
-    }
-
-    /// The key and the reason of a rejected Kafka property; the value never shows.
-    fn property_error(pairs: &[(&str, &str)], secret: &str) -> (String, String) {
-        match read(pairs) {
-            Err(err @ ConfigError::InvalidProperty { .. }) => {
-                let shown = format!("{err} {err:?}");
-                assert!(!shown.contains(secret), "the value leaked: {shown}");
-                let ConfigError::InvalidProperty { key, reason } = err else {
-                    unreachable!()
-                };
-                (key, reason)
-            }
-            other => panic!("expected an invalid property, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_misspelled_kafka_property_is_named_without_its_value() {
-        let (key, reason) = property_error(
-            &[("HISTORY__KAFKA__PROPERTIES__SASL_PASWORD", "hunter2-secret")],
-            "hunter2-secret",
-        );
-        assert_eq!(key, "kafka.properties.sasl.pasword");
-        assert!(reason.contains("no such property"), "{reason}");
-    }
-
-    #[test]
-    fn a_rejected_kafka_property_value_is_not_shown() {
-        let (key, reason) = property_error(
-            &[(
-                "HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
-                "bogus-s3cr3t",
-            )],
-            "bogus-s3cr3t",
-        );
-        assert_eq!(key, "kafka.properties.security.protocol");
-        assert!(reason.contains("rejects its value"), "{reason}");
-    }
-
-    #[test]
-    fn a_property_read_from_a_file_is_named_with_its_file_key() {
-        let mut file = tempfile();
-        writeln!(file.1, "file-s3cr3t-value").unwrap();
-        let path = file.0.display().to_string();
-        let (key, _) = property_error(
-            &[("HISTORY__KAFKA__PROPERTY_FILES__SASL_PASWORD", &path)],
-            "file-s3cr3t-value",
-        );
-        assert_eq!(key, "kafka.property_files.sasl.pasword");
-        let (key, _) = property_error(
-            &[("HISTORY__KAFKA__PROPERTY_FILES__SECURITY_PROTOCOL", &path)],
-            "file-s3cr3t-value",
-        );
-        assert_eq!(key, "kafka.property_files.security.protocol");
-        std::fs::remove_file(&file.0).unwrap();
     }
 
     #[test]

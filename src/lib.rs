@@ -10,7 +10,7 @@
 //!    the ordered window that decides how far a partition may be committed. No I/O, no actors,
 //!    no Kafka, no PostgreSQL;
 //! 2. [`config`]: layered settings, validated as plain values (PostgreSQL's URL is parsed by
-//!    the store);
+//!    the store, the pass-through librdkafka properties checked by `kafka::properties`);
 //! 3. [`store`]: PostgreSQL — where the database is (`store/target.rs`), the pool, the
 //!    repository, migrations, the invariant check; [`kafka`]: the rdkafka consumer, its
 //!    callbacks and the commit worker, which reach the actors only through

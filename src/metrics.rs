@@ -1,6 +1,7 @@
-//! What the pipeline counts. Every count goes two ways: into Prometheus families prefixed
-//! `history_` (through the `metrics` facade; a no-op until a recorder is installed) and into
-//! in-process atomics that the demo's and the benchmark's reports read.
+//! What the pipeline counts: Prometheus families prefixed `history_` (through the `metrics`
+//! facade; a no-op until a recorder is installed). [`Stats`] keeps, besides, the few tallies the
+//! process reads back itself — the outcomes and retries its exit line and the demo's report
+//! print, the pauses, when the first record came — and the write health behind readiness.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -178,18 +179,15 @@ impl OutcomeClass {
     }
 }
 
-/// Process-wide counters, shared by the actors.
+/// The tallies the process reads back itself, shared by the actors. Everything else is counted
+/// only in Prometheus.
 #[derive(Debug, Default)]
 pub struct Stats {
     pub applied: AtomicU64,
     pub already_applied: AtomicU64,
     pub unknown: AtomicU64,
     pub dead_lettered: AtomicU64,
-    pub conflicting_duplicates: AtomicU64,
-    pub records_fetched: AtomicU64,
     pub retries: AtomicU64,
-    pub rebalances: AtomicU64,
-    pub commits: AtomicU64,
     pub pauses: AtomicU64,
     /// When the first record was fetched: the demo measures its throughput from here.
     pub first_fetch: std::sync::OnceLock<std::time::Instant>,
@@ -204,11 +202,7 @@ pub struct StatsSnapshot {
     pub already_applied: u64,
     pub unknown: u64,
     pub dead_lettered: u64,
-    pub conflicting_duplicates: u64,
-    pub records_fetched: u64,
     pub retries: u64,
-    pub rebalances: u64,
-    pub commits: u64,
     pub pauses: u64,
 }
 
@@ -231,11 +225,7 @@ impl Stats {
             already_applied: get(&self.already_applied),
             unknown: get(&self.unknown),
             dead_lettered: get(&self.dead_lettered),
-            conflicting_duplicates: get(&self.conflicting_duplicates),
-            records_fetched: get(&self.records_fetched),
             retries: get(&self.retries),
-            rebalances: get(&self.rebalances),
-            commits: get(&self.commits),
             pauses: get(&self.pauses),
         }
     }
@@ -259,7 +249,6 @@ impl Stats {
     }
 
     pub fn conflicting_duplicate(&self) {
-        self.conflicting_duplicates.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(CONFLICTING_DUPLICATES_TOTAL).increment(1);
     }
 
@@ -269,7 +258,6 @@ impl Stats {
 
     pub fn records_fetched(&self, count: u64) {
         self.first_fetch.get_or_init(std::time::Instant::now);
-        self.records_fetched.fetch_add(count, Ordering::Relaxed);
         metrics::counter!(RECORDS_FETCHED_TOTAL).increment(count);
     }
 
@@ -290,14 +278,10 @@ impl Stats {
     }
 
     pub fn rebalance(&self, kind: &'static str) {
-        self.rebalances.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(REBALANCES_TOTAL, "kind" => kind).increment(1);
     }
 
     pub fn commit(&self, reason: &'static str, result: &'static str) {
-        if result == "ok" {
-            self.commits.fetch_add(1, Ordering::Relaxed);
-        }
         metrics::counter!(COMMITS_TOTAL, "reason" => reason, "result" => result).increment(1);
     }
 }

@@ -9,6 +9,7 @@ pub mod error_log;
 pub mod intake;
 pub mod messages;
 pub mod offset_reset;
+pub mod properties;
 pub mod replay;
 pub mod reset_watch;
 
