@@ -51,7 +51,6 @@ fn rejection(err: &KafkaError, value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
-    use std::io::Write;
 
     use super::*;
     use crate::config::Settings;
@@ -104,9 +103,13 @@ mod tests {
 
     #[test]
     fn a_property_read_from_a_file_is_named_with_its_file_key() {
-        let mut file = tempfile();
-        writeln!(file.1, "file-s3cr3t-value").unwrap();
-        let path = file.0.display().to_string();
+        let file = std::env::temp_dir().join(format!(
+            "history-kafka-property-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::write(&file, "file-s3cr3t-value\n").unwrap();
+        let path = file.display().to_string();
         let (key, _) = property_error(
             &[("HISTORY__KAFKA__PROPERTY_FILES__SASL_PASWORD", &path)],
             "file-s3cr3t-value",
@@ -117,16 +120,6 @@ mod tests {
             "file-s3cr3t-value",
         );
         assert_eq!(key, "kafka.property_files.security.protocol");
-        std::fs::remove_file(&file.0).unwrap();
-    }
-
-    fn tempfile() -> (std::path::PathBuf, std::fs::File) {
-        let path = std::env::temp_dir().join(format!(
-            "history-kafka-property-{}-{}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        let file = std::fs::File::create(&path).unwrap();
-        (path, file)
+        std::fs::remove_file(&file).unwrap();
     }
 }
