@@ -25,6 +25,8 @@ pub const IN_FLIGHT: &str = "history_in_flight";
 /// Records taken from the Kafka client and not yet behind their partition's committed position,
 /// in all partitions: what `pipeline.max_in_flight` bounds.
 pub const HELD_RECORDS: &str = "history_held_records";
+/// `pipeline.max_in_flight`, so dashboards can compare `history_held_records` with it.
+pub const HELD_RECORDS_LIMIT: &str = "history_held_records_limit";
 pub const ASSIGNED_PARTITIONS: &str = "history_assigned_partitions";
 pub const PARTITION_PAUSES_TOTAL: &str = "history_partition_pauses_total";
 /// Records skipped because the group's position was behind the log start (retention deleted
@@ -93,6 +95,7 @@ pub fn register_families() {
         HELD_RECORDS,
         "Records taken from Kafka and not yet behind a committed position, in all partitions."
     );
+    describe_gauge!(HELD_RECORDS_LIMIT, "pipeline.max_in_flight.");
     describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this replica.");
     describe_counter!(
         PARTITION_PAUSES_TOTAL,
@@ -157,6 +160,11 @@ pub fn register_families() {
 /// How many records a partition's window may hold, for comparison with `history_in_flight`.
 pub fn set_window_limit(limit: usize) {
     metrics::gauge!(WINDOW_LIMIT).set(limit as f64);
+}
+
+/// How many records the service may hold in all, for comparison with `history_held_records`.
+pub fn set_held_records_limit(limit: usize) {
+    metrics::gauge!(HELD_RECORDS_LIMIT).set(limit as f64);
 }
 
 /// Outcome classes, as the `outcome` label of `history_events_total`.

@@ -48,6 +48,7 @@ impl Pipeline {
         publisher: Option<Arc<DeadLetterPublisher>>,
     ) -> Pipeline {
         crate::metrics::set_window_limit(settings.max_in_flight_per_partition);
+        crate::metrics::set_held_records_limit(settings.max_in_flight);
         let mut arbiters = Vec::with_capacity(settings.writers + 1);
         if let Some(publisher) = &publisher {
             // On a thread of its own, stopped with the writers.
