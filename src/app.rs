@@ -29,10 +29,10 @@ use crate::store::{Database, StoreError, migrate};
 pub enum ServiceError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// Every Kafka client error reaches here through `KafkaSetupError`, which has the configured
+    /// property values cut out of librdkafka's messages: no `From<KafkaError>` on purpose.
     #[error(transparent)]
     Kafka(#[from] crate::kafka::KafkaSetupError),
-    #[error("kafka producer: {0}")]
-    Producer(#[from] rdkafka::error::KafkaError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("LISTEN_FDS names no usable TCP listening socket at file descriptor 3")]
