@@ -108,18 +108,8 @@ impl ThrowawayCluster {
     /// The URL of a database on this cluster: its socket directory as the host,
     /// percent-encoded (`postgres://postgres@%2Ftmp%2Fhistory-pg-…:5432/dbname`).
     pub fn url(&self, dbname: &str) -> String {
-        let host: String = self
-            .dir
-            .display()
-            .to_string()
-            .bytes()
-            .map(|byte| match byte {
-                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    char::from(byte).to_string()
-                }
-                _ => format!("%{byte:02X}"),
-            })
-            .collect();
+        let dir = self.dir.display().to_string();
+        let host = percent_encoding::utf8_percent_encode(&dir, percent_encoding::NON_ALPHANUMERIC);
         format!("postgres://postgres@{host}:{}/{dbname}", self.port)
     }
 

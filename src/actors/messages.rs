@@ -36,7 +36,7 @@ pub struct StopPartition;
 
 /// PartitionActor → Kafka side: the partition the Kafka side paused has drained (nothing
 /// queued, the window at half): resume fetching it, if that still holds
-/// ([`Inflow::resume`](super::inflow::Inflow::resume)).
+/// ([`Inflow::resume`](crate::kafka::intake::Inflow::resume)).
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct Drained {

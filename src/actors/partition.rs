@@ -5,11 +5,10 @@
 //! actor asks it to resume once everything is admitted and the window has drained to half.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use actix::prelude::*;
 use tracing::{debug, debug_span, warn};
-
-use std::sync::Arc;
 
 use super::messages::{
     Admit, AdmitReply, Drained, Epoch, Records, StopPartition, TopicPartition, WindowState,
@@ -138,7 +137,7 @@ impl PartitionActor {
             match reply {
                 Ok(AdmitReply::Accepted { window }) => {
                     actor.observe(window);
-                    actor.inflow.admitted(take, actor.window.len);
+                    actor.inflow.admitted(take);
                     actor.pump(ctx);
                 }
                 Ok(AdmitReply::Rejected) | Err(_) => {

@@ -25,7 +25,6 @@ use crate::kafka::intake::Inflow;
 use crate::kafka::reset_watch::ResetWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
-thread_local! { static RESUMED: std::cell::RefCell<HashMap<TopicPartition, Instant>> = std::cell::RefCell::new(HashMap::new()); }
 /// Most items handled in one go; a chunk is split per partition into `Records` messages.
 const CHUNK: usize = 1024;
 
@@ -108,9 +107,6 @@ impl KafkaSupervisor {
     fn deliver(&self, tp: TopicPartition, records: Vec<Record>) {
         match self.partitions.get(&tp) {
             Some(assigned) => {
-                if let Some(at) = RESUMED.with(|m| m.borrow_mut().remove(&tp)) {
-                    tracing::info!(%tp, gap_us = at.elapsed().as_micros() as u64, n = records.len(), window = assigned.inflow.queued(), "PROBE refetch");
-                }
                 self.resets.records(&tp, assigned.epoch, &records);
                 let full = assigned.inflow.handed_over(records.len());
                 assigned.actor.do_send(Records(records));
@@ -221,7 +217,6 @@ impl Handler<Drained> for KafkaSupervisor {
         };
         if assigned.epoch == msg.epoch && assigned.inflow.resume() {
             debug!(tp = %msg.tp, "partition drained: resuming");
-            RESUMED.with(|m| m.borrow_mut().insert(msg.tp.clone(), Instant::now()));
             self.flow(&msg.tp, false);
         }
     }

@@ -163,11 +163,11 @@ impl Inflow {
         full && !self.paused.swap(true, Ordering::AcqRel)
     }
 
-    /// Partition actor: `count` queued records were admitted; the window now holds `window`.
-    pub fn admitted(&self, count: usize, window: usize) {
+    /// Partition actor: `count` queued records were admitted to the window (whose new length
+    /// it reports with [`Inflow::window`]).
+    pub fn admitted(&self, count: usize) {
         self.queued.fetch_sub(count, Ordering::AcqRel);
         self.intake.sub(count);
-        self.window(window);
     }
 
     /// Partition actor: the window now holds `window` records.
@@ -220,7 +220,8 @@ mod tests {
     fn a_partition_pauses_once_when_what_it_holds_reaches_the_limit() {
         let inflow = Intake::new(100).partition(10);
         assert!(!inflow.handed_over(4));
-        inflow.admitted(4, 4);
+        inflow.window(4);
+        inflow.admitted(4);
         assert!(!inflow.handed_over(5), "9 held: room for one more");
         assert!(inflow.handed_over(1), "10 held: full");
         assert!(!inflow.handed_over(7), "already paused");
@@ -241,9 +242,11 @@ mod tests {
     fn it_resumes_only_when_nothing_is_queued_and_the_window_is_at_half() {
         let inflow = Intake::new(100).partition(10);
         assert!(inflow.handed_over(12));
-        inflow.admitted(10, 10);
+        inflow.window(10);
+        inflow.admitted(10);
         assert!(!inflow.drained(), "two still queued");
-        inflow.admitted(2, 8);
+        inflow.window(8);
+        inflow.admitted(2);
         assert!(!inflow.drained(), "window above half");
         inflow.window(5);
         assert!(inflow.drained());
@@ -256,7 +259,8 @@ mod tests {
     fn a_resume_request_overtaken_by_new_records_leaves_it_paused() {
         let inflow = Intake::new(100).partition(10);
         assert!(inflow.handed_over(10));
-        inflow.admitted(10, 0);
+        inflow.window(0);
+        inflow.admitted(10);
         assert!(inflow.drained(), "the actor asks for the resume");
         assert!(
             !inflow.handed_over(3),
@@ -289,7 +293,8 @@ mod tests {
         intake.taken();
         intake.dropped(1);
         assert_eq!(intake.held(), 50);
-        a.admitted(30, 30);
+        a.window(30);
+        a.admitted(30);
         assert_eq!(
             intake.held(),
             50,
@@ -312,7 +317,8 @@ mod tests {
         let intake = Intake::new(10);
         let inflow = intake.partition(100);
         take(&intake, &inflow, 10);
-        inflow.admitted(10, 10);
+        inflow.window(10);
+        inflow.admitted(10);
         assert!(!intake.has_room());
         let waiter = tokio::spawn({
             let intake = intake.clone();
