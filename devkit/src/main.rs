@@ -69,9 +69,12 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     events: usize,
     /// Partitions of the backlog's topic. The embedded broker keeps 5 MiB per partition, about
-    /// 25,000 records: use at least events / 20,000.
-    #[arg(long, default_value_t = 24)]
-    partitions: i32,
+    /// 25,000 records: use at least events / 20,000. Several, comma separated (`1,3,6,24,96`),
+    /// sweep topic shapes instead: the service's drain on each (at most 17,000 records per
+    /// partition), plus a skewed shape (24 partitions, 90% of the records on one), one RESULT
+    /// line each.
+    #[arg(long, default_value = "24", value_delimiter = ',', num_args = 1..)]
+    partitions: Vec<i32>,
     /// Fraction of records that redeliver an earlier event.
     #[arg(long, default_value_t = 0.1)]
     duplicates: f64,
@@ -172,9 +175,12 @@ async fn run_demo(settings: &Settings, args: &DemoArgs) -> anyhow::Result<ExitCo
 }
 
 async fn run_bench(settings: &Settings, args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(&partitions) = args.partitions.iter().find(|&&p| p < 1) {
+        anyhow::bail!("--partitions: {partitions} is not a partition count");
+    }
     let options = history_devkit::bench::BenchOptions {
         events: args.events,
-        partitions: args.partitions,
+        partitions: args.partitions[0],
         duplicates: args.duplicates,
         writers: args.writers.unwrap_or(settings.pipeline.writers),
         batch: args.batch.unwrap_or(settings.pipeline.batch_max_events),
@@ -184,6 +190,18 @@ async fn run_bench(settings: &Settings, args: &BenchArgs) -> anyhow::Result<Exit
         keep_databases: args.keep_databases,
         ..Default::default()
     };
+    if args.partitions.len() > 1 {
+        let shapes = history_devkit::bench::shapes::parse(&args.partitions);
+        let report = history_devkit::bench::shapes::run(settings, &options, &shapes)
+            .await
+            .context("benchmark failed")?;
+        print!("{}", report.render());
+        return Ok(if report.verified() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     let report = history_devkit::bench::run(settings, &options)
         .await
         .context("benchmark failed")?;

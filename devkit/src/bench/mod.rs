@@ -21,6 +21,7 @@ mod child;
 mod latency;
 mod phases;
 mod report;
+pub mod shapes;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -118,6 +119,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
         &brokers,
         &server.config,
         &service_db,
+        TOPIC,
         &ends,
         &run_id,
     )

@@ -36,20 +36,23 @@ pub(super) struct Drain {
     pub(super) service_cpu: Duration,
 }
 
-/// The drain: `history-service run` consumes the backlog of `TOPIC` until the group has
-/// committed `ends`; timed from its first fetch, by its own count on /metrics.
+/// The drain: `history-service run` consumes the backlog of `topic` (`options.events` records)
+/// until the group has committed `ends`; timed from its first fetch, by its own count on
+/// /metrics.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn measure_service(
     settings: &Settings,
     options: &BenchOptions,
     brokers: &str,
     server: &tokio_postgres::Config,
     database: &tokio_postgres::Config,
+    topic: &str,
     ends: &[i64],
     run_id: &str,
 ) -> Result<Drain, DevError> {
-    let group = format!("bench-service-{run_id}");
+    let group = format!("bench-service-{run_id}-{topic}");
     let mut backends = Backends::connect(server, database).await?;
-    let mut child = ServiceChild::spawn(settings, options, brokers, database, &group, TOPIC)?;
+    let mut child = ServiceChild::spawn(settings, options, brokers, database, &group, topic)?;
     let inspector = GroupInspector::new(brokers, &group)?;
     let deadline = Instant::now() + options.timeout;
     let child_pid = child.pid();
@@ -90,7 +93,7 @@ pub(super) async fn measure_service(
         // Checked here, between the samples, rather than by `group::wait_committed`: the drain
         // is timed to this 20 ms loop.
         if matches!(
-            inspector.has_committed(TOPIC, ends, Duration::from_secs(2)),
+            inspector.has_committed(topic, ends, Duration::from_secs(2)),
             Ok(true)
         ) {
             break Instant::now();
