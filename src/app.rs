@@ -289,7 +289,7 @@ async fn start(
         readiness.joined(),
     )
     .with_error_log_interval(settings.kafka.error_log_interval());
-    let consumer = match kafka::subscribe(&settings.kafka, context) {
+    let consumer = match kafka::subscribe(&settings.kafka, &settings.pipeline.budget(), context) {
         Ok(consumer) => consumer,
         Err(err) => {
             // The round trip makes sure the committer has started (and stops it taking work);

@@ -12,6 +12,8 @@ use std::time::Duration;
 use secrecy::SecretString;
 use serde::Deserialize;
 
+use crate::domain::budget::{MIN_BUDGET_BYTES, Split};
+
 /// The defaults, built in so the binary needs no file to start.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -103,6 +105,9 @@ pub struct PipelineSettings {
     /// Records held in all partitions together before the service stops taking more from the
     /// Kafka client (which then keeps what it prefetched).
     pub max_in_flight: usize,
+    /// The instance's memory for fetched records, in bytes: half for what the service holds,
+    /// half for the Kafka client's prefetch ([`PipelineSettings::budget`]).
+    pub max_in_flight_bytes: usize,
     pub commit_interval_ms: u64,
     pub retry_initial_ms: u64,
     pub retry_max_ms: u64,
@@ -221,8 +226,6 @@ impl Settings {
         }
         positive("kafka.session_timeout_ms", kafka.session_timeout_ms)?;
         positive("kafka.revoke_timeout_ms", kafka.revoke_timeout_ms)?;
-        positive("kafka.fetch_queue_kbytes", kafka.fetch_queue_kbytes)?;
-        positive("kafka.fetch_queue_messages", kafka.fetch_queue_messages)?;
         positive("kafka.error_log_interval_ms", kafka.error_log_interval_ms)?;
 
         let pipeline = &self.pipeline;
@@ -244,6 +247,12 @@ impl Settings {
             pipeline.max_in_flight,
             1,
             100_000_000,
+        )?;
+        in_range(
+            "pipeline.max_in_flight_bytes",
+            pipeline.max_in_flight_bytes,
+            MIN_BUDGET_BYTES,
+            1 << 40,
         )?;
         positive("pipeline.commit_interval_ms", pipeline.commit_interval_ms)?;
         positive("pipeline.retry_initial_ms", pipeline.retry_initial_ms)?;
@@ -440,6 +449,11 @@ pub fn redact<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> Str
 }
 
 impl PipelineSettings {
+    /// The budget for fetched records, split between the service and the Kafka client.
+    pub fn budget(&self) -> Split {
+        Split::of(self.max_in_flight, self.max_in_flight_bytes)
+    }
+
     pub fn batch_linger(&self) -> Duration {
         Duration::from_millis(self.batch_linger_ms)
     }

@@ -22,11 +22,18 @@ pub const COMMITS_TOTAL: &str = "history_offset_commits_total";
 pub const COMMITTED_OFFSET: &str = "history_committed_offset";
 pub const CONSUMER_LAG: &str = "history_consumer_lag";
 pub const IN_FLIGHT: &str = "history_in_flight";
-/// Records taken from the Kafka client and not yet behind their partition's committed position,
-/// in all partitions: what `pipeline.max_in_flight` bounds.
+/// Records taken from the Kafka client whose outcome is not known yet, in all partitions: what
+/// `pipeline.max_in_flight` bounds.
 pub const HELD_RECORDS: &str = "history_held_records";
 /// `pipeline.max_in_flight`, so dashboards can compare `history_held_records` with it.
 pub const HELD_RECORDS_LIMIT: &str = "history_held_records_limit";
+/// The bytes of those records (keys, payloads and a fixed overhead each): what the service's
+/// half of `pipeline.max_in_flight_bytes` bounds.
+pub const HELD_BYTES: &str = "history_held_bytes";
+/// The service's half of `pipeline.max_in_flight_bytes`.
+pub const HELD_BYTES_LIMIT: &str = "history_held_bytes_limit";
+/// Times the budget stayed full and every partition's fetching was paused.
+pub const INSTANCE_PAUSES_TOTAL: &str = "history_instance_pauses_total";
 pub const ASSIGNED_PARTITIONS: &str = "history_assigned_partitions";
 pub const PARTITION_PAUSES_TOTAL: &str = "history_partition_pauses_total";
 /// Records skipped because the group's position was behind the log start (retention deleted
@@ -93,9 +100,21 @@ pub fn register_families() {
     );
     describe_gauge!(
         HELD_RECORDS,
-        "Records taken from Kafka and not yet behind a committed position, in all partitions."
+        "Records taken from Kafka whose outcome is not known yet, in all partitions."
     );
     describe_gauge!(HELD_RECORDS_LIMIT, "pipeline.max_in_flight.");
+    describe_gauge!(
+        HELD_BYTES,
+        "Bytes of the records taken from Kafka whose outcome is not known yet."
+    );
+    describe_gauge!(
+        HELD_BYTES_LIMIT,
+        "The service's half of pipeline.max_in_flight_bytes."
+    );
+    describe_counter!(
+        INSTANCE_PAUSES_TOTAL,
+        "Times the budget stayed full and every partition's fetching was paused."
+    );
     describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this replica.");
     describe_counter!(
         PARTITION_PAUSES_TOTAL,
@@ -130,6 +149,7 @@ pub fn register_families() {
         RECORDS_FETCHED_TOTAL,
         RETRIES_TOTAL,
         PARTITION_PAUSES_TOTAL,
+        INSTANCE_PAUSES_TOTAL,
         DEAD_LETTER_PUBLISH_FAILURES_TOTAL,
     ] {
         metrics::counter!(counter).increment(0);
@@ -162,9 +182,11 @@ pub fn set_window_limit(limit: usize) {
     metrics::gauge!(WINDOW_LIMIT).set(limit as f64);
 }
 
-/// How many records the service may hold in all, for comparison with `history_held_records`.
-pub fn set_held_records_limit(limit: usize) {
-    metrics::gauge!(HELD_RECORDS_LIMIT).set(limit as f64);
+/// What the service may hold in all, for comparison with `history_held_records` and
+/// `history_held_bytes`.
+pub fn set_held_limits(records: usize, bytes: usize) {
+    metrics::gauge!(HELD_RECORDS_LIMIT).set(records as f64);
+    metrics::gauge!(HELD_BYTES_LIMIT).set(bytes as f64);
 }
 
 /// Outcome classes, as the `outcome` label of `history_events_total`.

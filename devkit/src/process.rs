@@ -307,11 +307,20 @@ impl Process {
 
     /// The peak resident set size so far, in MB (`VmHWM`); 0 once the child has exited.
     pub fn peak_rss_mb(&self) -> f64 {
+        self.status_mb("VmHWM:")
+    }
+
+    /// Resident set size now, in MB (VmRSS).
+    pub fn rss_mb(&self) -> f64 {
+        self.status_mb("VmRSS:")
+    }
+
+    fn status_mb(&self, field: &str) -> f64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .ok()
             .and_then(|status| {
                 status.lines().find_map(|line| {
-                    let kb = line.strip_prefix("VmHWM:")?.trim().strip_suffix("kB")?;
+                    let kb = line.strip_prefix(field)?.trim().strip_suffix("kB")?;
                     kb.trim().parse::<f64>().ok()
                 })
             })

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use futures::channel::oneshot;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::dispatcher::Dispatcher;
@@ -96,7 +97,17 @@ pub struct OffsetCommitter {
     next_waiter: u64,
     /// Outcomes discarded because their epoch was over.
     stale_outcomes: u64,
+    /// When positions were last sent for committing.
+    last_commit: Instant,
+    /// A commit brought forward by a partition that caught up is scheduled.
+    catch_up_pending: bool,
 }
+
+/// A partition that caught up (nothing left in its window) has its position committed at once
+/// rather than at the next tick — the end of a backlog is committed in milliseconds, not up to
+/// a commit interval later — but no sooner than this part of the interval after the last
+/// commit, so that a trickle of records does not commit each one.
+const CATCH_UP_SPACING_DIVISOR: u32 = 20;
 
 impl OffsetCommitter {
     pub fn new(commit_interval: Duration, dispatcher: Dispatcher) -> Self {
@@ -110,6 +121,8 @@ impl OffsetCommitter {
             waiters: Vec::new(),
             next_waiter: 0,
             stale_outcomes: 0,
+            last_commit: Instant::now(),
+            catch_up_pending: false,
         }
     }
 
@@ -150,10 +163,29 @@ impl OffsetCommitter {
         if positions.is_empty() {
             return;
         }
+        self.last_commit = Instant::now();
         match &self.kafka {
             Some(kafka) => kafka.do_send(CommitOffsets { positions, reason }),
             None => warn!("no Kafka side attached; positions not committed"),
         }
+    }
+
+    /// A partition caught up: its position is committed now, or as soon as the spacing allows.
+    fn commit_caught_up(&mut self, ctx: &mut Context<Self>) {
+        if self.catch_up_pending {
+            return;
+        }
+        let due = self.last_commit + self.commit_interval / CATCH_UP_SPACING_DIVISOR;
+        let now = Instant::now();
+        if now >= due {
+            self.commit(CommitReason::Periodic);
+            return;
+        }
+        self.catch_up_pending = true;
+        ctx.run_later(due - now, |committer, _| {
+            committer.catch_up_pending = false;
+            committer.commit(CommitReason::Periodic);
+        });
     }
 
     fn in_flight(&self, scope: &Scope) -> usize {
@@ -303,7 +335,7 @@ impl Handler<Admit> for OffsetCommitter {
 impl Handler<Resolved> for OffsetCommitter {
     type Result = ();
 
-    fn handle(&mut self, msg: Resolved, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Resolved, ctx: &mut Context<Self>) {
         let mut moved: Vec<TopicPartition> = Vec::new();
         for resolved in msg.0 {
             let window = match self.windows.get_mut(&resolved.tp) {
@@ -323,14 +355,19 @@ impl Handler<Resolved> for OffsetCommitter {
                 Err(untracked) => debug!(tp = %resolved.tp, %untracked, "resolution ignored"),
             }
         }
+        let mut caught_up = false;
         for tp in moved {
             let window = self.windows.get_mut(&tp).expect("moved windows exist");
             window.version += 1;
+            caught_up |= window.window.is_empty();
             metrics::set_in_flight(&tp, window.window.len());
             window.partition.do_send(WindowUpdate {
                 epoch: window.epoch,
                 window: window.state(),
             });
+        }
+        if caught_up {
+            self.commit_caught_up(ctx);
         }
         self.wake_waiters();
     }

@@ -18,15 +18,17 @@ use std::time::Duration;
 use actix::{Message, Recipient};
 
 use crate::domain::HistoryEvent;
+pub use crate::domain::budget::Held;
 pub use crate::domain::values::{
     CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition,
 };
 pub use crate::kafka::messages::{CommitResult, Lost, Revoke};
 
-/// A partition's fetched records, in offset order. Kafka side → PartitionActor.
+/// A partition's fetched records, in offset order, each with its share of the budget. Kafka
+/// side → PartitionActor.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Records(pub Vec<Record>);
+pub struct Records(pub Vec<(Record, Held)>);
 
 /// Stop a partition actor (revoke, shutdown). Its undispatched records are dropped: their
 /// offsets were never tracked, so the committed position stays before them.
@@ -36,7 +38,7 @@ pub struct StopPartition;
 
 /// PartitionActor → Kafka side: the partition the Kafka side paused has drained (nothing
 /// queued, the window at half): resume fetching it, if that still holds
-/// ([`Inflow::resume`](crate::kafka::intake::Inflow::resume)).
+/// ([`Inflow::resume`](super::inflow::Inflow::resume)).
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct Drained {
@@ -107,6 +109,8 @@ pub struct WriteJob {
     pub epoch: Epoch,
     pub offset: i64,
     pub work: Work,
+    /// The record's share of the budget, given back when the job is done with.
+    pub held: Held,
 }
 
 /// PartitionActor → DbWriter.

@@ -4,6 +4,7 @@
 
 pub mod committer;
 pub mod dispatcher;
+pub mod inflow;
 pub mod messages;
 pub mod partition;
 pub mod pipeline;

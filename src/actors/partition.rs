@@ -3,6 +3,8 @@
 //! `max_in_flight_per_partition` records between the committed position and the newest one.
 //! The Kafka side pauses the partition when what it handed over fills that ([`Inflow`]); the
 //! actor asks it to resume once everything is admitted and the window has drained to half.
+//! Each record keeps its share of the instance's budget ([`Held`]) through decoding into its
+//! job, so what waits here counts as held.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -10,14 +12,14 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tracing::{debug, debug_span, warn};
 
+use super::inflow::Inflow;
 use super::messages::{
-    Admit, AdmitReply, Drained, Epoch, Records, StopPartition, TopicPartition, WindowState,
-    WindowUpdate, Work, WriteJob,
+    Admit, AdmitReply, Drained, Epoch, Held, Record, Records, StopPartition, TopicPartition,
+    WindowState, WindowUpdate, Work, WriteJob,
 };
 use super::pipeline::Pipeline;
 use crate::domain::DeadLetter;
 use crate::domain::HistoryEvent;
-use crate::kafka::intake::Inflow;
 
 pub struct PartitionActor {
     tp: TopicPartition,
@@ -58,7 +60,7 @@ impl PartitionActor {
         self.pipeline.settings().max_in_flight_per_partition
     }
 
-    fn decode(&self, record: super::messages::Record) -> WriteJob {
+    fn decode(&self, record: Record, held: Held) -> WriteJob {
         let max_payload = self.pipeline.settings().max_payload_bytes;
         // Cheap when debug is off; with it on, every line logged about the record carries its
         // partition, offset and event_id. Warnings name them themselves.
@@ -95,6 +97,7 @@ impl PartitionActor {
             epoch: self.epoch,
             offset: record.offset,
             work,
+            held,
         }
     }
 
@@ -183,8 +186,8 @@ impl Handler<Records> for PartitionActor {
 
     fn handle(&mut self, msg: Records, ctx: &mut Context<Self>) {
         self.pipeline.stats().records_fetched(msg.0.len() as u64);
-        for record in msg.0 {
-            let job = self.decode(record);
+        for (record, held) in msg.0 {
+            let job = self.decode(record, held);
             self.pending.push_back(job);
         }
         self.pump(ctx);
@@ -221,9 +224,7 @@ impl Pipeline {
         epoch: Epoch,
         kafka: Recipient<Drained>,
     ) -> (Addr<PartitionActor>, Arc<Inflow>) {
-        let inflow = self
-            .intake()
-            .partition(self.settings().max_in_flight_per_partition);
+        let inflow = Arc::new(Inflow::new(self.settings().max_in_flight_per_partition));
         let actor = PartitionActor::new(tp, epoch, self.clone(), kafka, inflow.clone()).start();
         (actor, inflow)
     }

@@ -28,7 +28,7 @@ struct Shared {
     committer: Addr<OffsetCommitter>,
     settings: PipelineSettings,
     stats: Arc<Stats>,
-    /// What the service holds of what it fetched, in all and per partition.
+    /// What the service holds of what it fetched, and which partitions the client fetches.
     intake: Arc<Intake>,
     arbiters: Mutex<Vec<Arbiter>>,
 }
@@ -47,8 +47,9 @@ impl Pipeline {
         stats: Arc<Stats>,
         publisher: Option<Arc<DeadLetterPublisher>>,
     ) -> Pipeline {
+        let budget = settings.budget();
         crate::metrics::set_window_limit(settings.max_in_flight_per_partition);
-        crate::metrics::set_held_records_limit(settings.max_in_flight);
+        crate::metrics::set_held_limits(budget.service.records, budget.service.bytes);
         let mut arbiters = Vec::with_capacity(settings.writers + 1);
         if let Some(publisher) = &publisher {
             // On a thread of its own, stopped with the writers.
@@ -93,7 +94,7 @@ impl Pipeline {
                 committer,
                 settings: settings.clone(),
                 stats,
-                intake: Intake::new(settings.max_in_flight),
+                intake: Intake::new(budget.service),
                 arbiters: Mutex::new(arbiters),
             }),
         }

@@ -1,7 +1,8 @@
 //! The Kafka supervisor: owns the consumer-group membership, fetches records, and hands each
 //! partition's records to its partition actor. It pauses a partition the moment what it handed
-//! over fills the partition's window, resumes it when its actor reports it drained, and performs
-//! the commits the OffsetCommitter asks for.
+//! over fills the partition's window, resumes it when its actor reports it drained (through the
+//! intake's one fetching policy, which the stream also uses to pause the whole instance), and
+//! performs the commits the OffsetCommitter asks for.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,27 +11,30 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 
-use rdkafka::TopicPartitionList;
 use rdkafka::consumer::Consumer;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
+use super::inflow::Inflow;
 use super::messages::{
-    CommitOffsets, CommitOutcome, CommitPosition, Drained, Epoch, Record, Records, StopPartition,
-    TopicPartition,
+    CommitOffsets, CommitOutcome, CommitPosition, Drained, Epoch, Held, Record, Records,
+    StopPartition, TopicPartition,
 };
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
+use crate::domain::flow::{Changes, FlowPolicy};
 use crate::kafka::commit_worker::CommitWorker;
-use crate::kafka::intake::Inflow;
+use crate::kafka::intake;
 use crate::kafka::reset_watch::ResetWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
 /// Most items handled in one go; a chunk is split per partition into `Records` messages.
 const CHUNK: usize = 1024;
 
-/// Longest the stream waits for room before it polls the client anyway: the client serves
-/// rebalance callbacks only while polled, and a partition that fills meanwhile is paused.
-const ROOM_MAX_WAIT: Duration = Duration::from_millis(100);
+/// Longest the stream waits for room in the budget before it pauses every partition and polls
+/// the client for rebalance callbacks alone. Far above a healthy write (tens of milliseconds),
+/// so that pausing — which discards what the client prefetched — is for a database that is
+/// down or slow, and short enough that a rebalance waits little for this member.
+const ROOM_MAX_WAIT: Duration = Duration::from_millis(500);
 
 pub struct KafkaSupervisor {
     consumer: Option<Arc<HistoryConsumer>>,
@@ -72,10 +76,11 @@ impl KafkaSupervisor {
         match event {
             RebalanceEvent::Assigned(assigned) => {
                 self.resets.assigned(&assigned);
-                let mut resumed = TopicPartitionList::new();
+                let mut changes = Changes::default();
                 for (tp, epoch) in assigned {
-                    // A partition paused under its previous assignment must not stay paused.
-                    resumed.add_partition(&tp.topic, tp.partition);
+                    let change = self.flow(|flow| flow.assigned(tp.clone()));
+                    changes.pause.extend(change.pause);
+                    changes.resume.extend(change.resume);
                     let (actor, inflow) =
                         self.pipeline
                             .start_partition(tp.clone(), epoch, ctx.address().recipient());
@@ -88,9 +93,7 @@ impl KafkaSupervisor {
                         old.actor.do_send(StopPartition);
                     }
                 }
-                if let Some(consumer) = self.consumer() {
-                    let _ = consumer.resume(&resumed);
-                }
+                self.apply(&changes);
             }
             RebalanceEvent::Revoked { partitions, .. } => {
                 self.resets.revoked(&partitions);
@@ -98,13 +101,14 @@ impl KafkaSupervisor {
                     if self.current_epoch(&tp) == Some(epoch) {
                         let assigned = self.partitions.remove(&tp).expect("present");
                         assigned.actor.do_send(StopPartition);
+                        self.flow(|flow| flow.revoked(&tp));
                     }
                 }
             }
         }
     }
 
-    fn deliver(&self, tp: TopicPartition, records: Vec<Record>) {
+    fn deliver(&self, tp: TopicPartition, records: Vec<(Record, Held)>) {
         match self.partitions.get(&tp) {
             Some(assigned) => {
                 self.resets.records(&tp, assigned.epoch, &records);
@@ -114,14 +118,14 @@ impl KafkaSupervisor {
                     // Paused now, not when the actor gets to it: the rest of this fetch would
                     // only wait in its queue.
                     self.pipeline.stats().pause();
-                    debug!(%tp, "partition full: pausing");
-                    self.flow(&tp, true);
+                    debug!(%tp, "partition window full: pausing it");
+                    let changes = self.flow(|flow| flow.window_full(tp));
+                    self.apply(&changes);
                 }
             }
             None => {
                 // Not assigned here (a record fetched just before its revoke). Dropping it is
                 // safe: nothing after it in this partition can be committed by this process.
-                self.pipeline.intake().dropped(records.len());
                 debug!(%tp, count = records.len(), "records of an unassigned partition dropped");
             }
         }
@@ -137,20 +141,13 @@ impl KafkaSupervisor {
         }
     }
 
-    /// Pauses or resumes fetching one partition.
-    fn flow(&self, tp: &TopicPartition, pause: bool) {
-        let Some(consumer) = self.consumer() else {
-            return;
-        };
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&tp.topic, tp.partition);
-        let result = if pause {
-            consumer.pause(&tpl)
-        } else {
-            consumer.resume(&tpl)
-        };
-        if let Err(err) = result {
-            warn!(%tp, pause, error = %err, "pause/resume failed");
+    fn flow<R>(&self, decide: impl FnOnce(&mut FlowPolicy<TopicPartition>) -> R) -> R {
+        self.pipeline.intake().flow(decide)
+    }
+
+    fn apply(&self, changes: &Changes<TopicPartition>) {
+        if let Some(consumer) = self.consumer() {
+            intake::apply(consumer, changes);
         }
     }
 }
@@ -178,13 +175,15 @@ impl StreamHandler<Vec<KafkaItem>> for KafkaSupervisor {
     fn handle(&mut self, items: Vec<KafkaItem>, ctx: &mut Context<Self>) {
         // Records of consecutive items are grouped per partition, in order; a rebalance event
         // first delivers what came before it.
-        let mut runs: Vec<(TopicPartition, Vec<Record>)> = Vec::new();
+        let mut runs: Vec<(TopicPartition, Vec<(Record, Held)>)> = Vec::new();
         for item in items {
             match item {
-                KafkaItem::Record(tp, record) => match runs.iter_mut().find(|(t, _)| *t == tp) {
-                    Some((_, records)) => records.push(record),
-                    None => runs.push((tp, vec![record])),
-                },
+                KafkaItem::Record(tp, record, held) => {
+                    match runs.iter_mut().find(|(t, _)| *t == tp) {
+                        Some((_, records)) => records.push((record, held)),
+                        None => runs.push((tp, vec![(record, held)])),
+                    }
+                }
                 KafkaItem::Rebalance(event) => {
                     for (tp, records) in runs.drain(..) {
                         self.deliver(tp, records);
@@ -216,8 +215,9 @@ impl Handler<Drained> for KafkaSupervisor {
             return;
         };
         if assigned.epoch == msg.epoch && assigned.inflow.resume() {
-            debug!(tp = %msg.tp, "partition drained: resuming");
-            self.flow(&msg.tp, false);
+            debug!(tp = %msg.tp, "partition window drained: resuming it");
+            let changes = self.flow(|flow| flow.window_drained(&msg.tp));
+            self.apply(&changes);
         }
     }
 }

@@ -17,7 +17,8 @@ use tracing::{debug, error, info, warn};
 
 use super::committer::OffsetCommitter;
 use super::messages::{
-    Epoch, InspectWindows, Resolved, ResolvedOffset, TopicPartition, Work, WriteJob, WriteJobs,
+    Epoch, Held, InspectWindows, Resolved, ResolvedOffset, TopicPartition, Work, WriteJob,
+    WriteJobs,
 };
 use crate::domain::backoff::Backoff;
 use crate::domain::linger::{Decision, Linger};
@@ -71,6 +72,10 @@ struct Job<T> {
     epoch: Epoch,
     offset: i64,
     item: T,
+    /// The record's share of the budget, given back when the job is dropped (resolved). Only
+    /// its drop matters, so nothing reads it.
+    #[allow(dead_code)]
+    held: Held,
 }
 
 impl<T> Job<T> {
@@ -98,6 +103,7 @@ impl Batch {
             epoch,
             offset,
             work,
+            held,
         } in jobs
         {
             match work {
@@ -106,12 +112,14 @@ impl Batch {
                     epoch,
                     offset,
                     item,
+                    held,
                 }),
                 Work::DeadLetter(item) => batch.letters.push(Job {
                     tp,
                     epoch,
                     offset,
                     item,
+                    held,
                 }),
             }
         }

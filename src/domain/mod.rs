@@ -5,8 +5,10 @@
 
 pub mod backoff;
 pub mod bisect;
+pub mod budget;
 pub mod decode;
 pub mod event;
+pub mod flow;
 pub mod linger;
 pub mod outcome;
 pub mod values;

@@ -20,12 +20,13 @@ use futures::{Stream, StreamExt};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, Timestamp};
+use rdkafka::message::{BorrowedMessage, Message, Timestamp};
 use secrecy::ExposeSecret;
 
 pub use context::{RebalanceEvent, SupervisorContext};
 
 use crate::config::{ConfigError, KafkaSettings};
+use crate::domain::budget::{Held, Split};
 use crate::domain::{Record, TopicPartition};
 use intake::Intake;
 
@@ -81,17 +82,27 @@ pub type HistoryConsumer = StreamConsumer<SupervisorContext>;
 /// Something the consumer produced, in the order it happened.
 #[derive(Debug)]
 pub enum KafkaItem {
-    Record(TopicPartition, Record),
+    /// A record, with its share of the budget.
+    Record(TopicPartition, Record, Held),
     Rebalance(RebalanceEvent),
     /// A consumer error; librdkafka retries by itself, so these are reported, not fatal.
     Error(KafkaError),
 }
 
 /// The librdkafka settings of the consumer. Offsets are only ever committed explicitly, and
-/// only positions the OffsetCommitter computed: no auto-commit, no auto offset store.
-pub fn consumer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigError> {
+/// only positions the OffsetCommitter computed: no auto-commit, no auto offset store. Its
+/// prefetch is the client's half of the instance's budget (`budget`), unless
+/// `kafka.fetch_queue_*` set the queue explicitly.
+pub fn consumer_config(
+    settings: &KafkaSettings,
+    budget: &Split,
+) -> Result<ClientConfig, ConfigError> {
     let mut config = ClientConfig::new();
     let session_timeout = settings.session_timeout_ms;
+    let or_budget = |explicit: u64, derived: usize| match explicit {
+        0 => derived.to_string(),
+        explicit => explicit.to_string(),
+    };
     config
         .set("bootstrap.servers", &settings.brokers)
         .set("group.id", &settings.group_id)
@@ -112,13 +123,21 @@ pub fn consumer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigE
             settings.statistics_interval_ms.to_string(),
         )
         .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
+        // The client fetches while its queue holds less than this (in all: every partition
+        // goes through its one consumer queue), and one response adds at most
+        // fetch.max.bytes: together, the client's half of the budget.
         .set(
             "queued.max.messages.kbytes",
-            settings.fetch_queue_kbytes.to_string(),
+            or_budget(settings.fetch_queue_kbytes, budget.queue_kbytes),
         )
         .set(
             "queued.min.messages",
-            settings.fetch_queue_messages.to_string(),
+            or_budget(settings.fetch_queue_messages, budget.queue_records),
+        )
+        .set("fetch.max.bytes", budget.fetch_max_bytes.to_string())
+        .set(
+            "max.partition.fetch.bytes",
+            budget.partition_fetch_bytes.to_string(),
         )
         // With the prefetch bounded, a partition whose queue is full is fetched again as soon
         // as it drains; librdkafka's default (1 s) idles the consumer during a backlog.
@@ -167,9 +186,10 @@ const CONSUMER_ONLY: [&str; 9] = [
 /// a bad value) surface here, at start-up.
 pub fn subscribe(
     settings: &KafkaSettings,
+    budget: &Split,
     context: SupervisorContext,
 ) -> Result<Arc<HistoryConsumer>, KafkaSetupError> {
-    let config = consumer_config(settings)?;
+    let config = consumer_config(settings, budget)?;
     let consumer: HistoryConsumer =
         create_client("consumer", settings, || config.create_with_context(context))?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
@@ -179,8 +199,9 @@ pub fn subscribe(
 
 /// The consumer as a stream of items. Rebalance callbacks run while the consumer is polled, so
 /// the events they queue are yielded before the record that poll returned. A record is taken
-/// from the client only while the `intake` has room, or once `max_wait` has passed without
-/// room (so that rebalance callbacks are still served).
+/// from the client only while the `intake` has room; when it had none for `max_wait`, every
+/// partition is paused and the client polled for callbacks alone until the service holds half
+/// of its budget ([`intake`]).
 pub fn item_stream(
     consumer: Arc<HistoryConsumer>,
     intake: Arc<Intake>,
@@ -192,11 +213,16 @@ pub fn item_stream(
         let received = tokio::select! {
             biased;
             _ = consumer.context().notify.notified() => None,
-            received = async {
-                intake.room(max_wait).await;
-                consumer.recv().await
-            } => Some(received.map(|message| {
-                intake.taken();
+            received = next_record(&consumer, &intake, max_wait) => received,
+        };
+        let mut items: Vec<KafkaItem> = consumer
+            .context()
+            .take_events()
+            .into_iter()
+            .map(KafkaItem::Rebalance)
+            .collect();
+        match received {
+            Some(Ok(message)) => {
                 let tp = intern(&mut known, message.topic(), message.partition());
                 let record = Record {
                     offset: message.offset(),
@@ -207,23 +233,51 @@ pub fn item_stream(
                         Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
                     },
                 };
-                (tp, record)
-            })),
-        };
-        let mut items: Vec<KafkaItem> = consumer
-            .context()
-            .take_events()
-            .into_iter()
-            .map(KafkaItem::Rebalance)
-            .collect();
-        match received {
-            Some(Ok((tp, record))) => items.push(KafkaItem::Record(tp, record)),
+                drop(message);
+                let held = intake.take(&record);
+                if intake.flow(|flow| flow.is_instance_paused()) {
+                    // Assigned after the pause: kept (it is counted), and paused with the rest.
+                    let changes = intake.flow(|flow| flow.fetched_while_paused(tp.clone()));
+                    intake::apply(consumer.as_ref(), &changes);
+                }
+                items.push(KafkaItem::Record(tp, record, held));
+            }
             Some(Err(err)) => items.push(KafkaItem::Error(err)),
             None => {}
         }
         Some((futures::stream::iter(items), (consumer, intake, known)))
     })
     .flatten()
+}
+
+/// The next message to take, or `None` when only the fetching state changed.
+async fn next_record<'a>(
+    consumer: &'a HistoryConsumer,
+    intake: &Intake,
+    max_wait: Duration,
+) -> Option<Result<BorrowedMessage<'a>, KafkaError>> {
+    if !intake.flow(|flow| flow.is_instance_paused()) {
+        if intake.room(max_wait).await {
+            return Some(consumer.recv().await);
+        }
+        let assigned = intake::assignment(consumer);
+        let changes = intake.flow(|flow| flow.pause_instance(&assigned));
+        intake::apply(consumer, &changes);
+        metrics::counter!(crate::metrics::INSTANCE_PAUSES_TOTAL).increment(1);
+        tracing::debug!(
+            level = ?intake.level(),
+            "the budget stayed full: fetching paused until half of it is free"
+        );
+    }
+    tokio::select! {
+        _ = intake.low() => {
+            let changes = intake.flow(|flow| flow.resume_instance());
+            intake::apply(consumer, &changes);
+            tracing::debug!(level = ?intake.level(), "fetching resumed");
+            None
+        }
+        received = consumer.recv() => Some(received),
+    }
 }
 
 /// Reuses one `TopicPartition` per partition instead of allocating a topic name per record.

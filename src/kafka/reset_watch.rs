@@ -56,8 +56,8 @@ impl ResetWatch {
     }
 
     /// A run of records of one assignment, about to be processed, in offset order.
-    pub fn records(&self, tp: &TopicPartition, epoch: Epoch, records: &[Record]) {
-        if let Some(span) = Span::of(records.iter().map(|record| record.offset)) {
+    pub fn records<T>(&self, tp: &TopicPartition, epoch: Epoch, records: &[(Record, T)]) {
+        if let Some(span) = Span::of(records.iter().map(|(record, _)| record.offset)) {
             let _ = self.notes.send(Note::Records(tp.clone(), epoch, span));
         }
     }

@@ -238,9 +238,23 @@ async fn join_and_leave(property: Option<(&str, &str)>) -> (String, String) {
         }
     })
     .await;
-    // Enough for the backlog to outlast two rebalances (the mock broker takes seconds each).
+    // Enough for the backlog to outlast two rebalances (the mock broker takes seconds each):
+    // the writes are slowed to about 4,000 events/s (50 ms per batch of 100), as the service
+    // otherwise drains it before the second member is in.
     let total = 120_000;
     first.produce(&unique_events(total, "join", 7)).await;
+    first
+        .db
+        .client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION slow_batch() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
+             CREATE TRIGGER slow_batch AFTER INSERT ON history_events
+             FOR EACH STATEMENT EXECUTE FUNCTION slow_batch();",
+        )
+        .await
+        .unwrap();
 
     first.start();
     first.wait_rows(2_000, ROWS_TIMEOUT).await;

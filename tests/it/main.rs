@@ -9,6 +9,7 @@ mod bench;
 mod cli;
 mod dead_letter_topic;
 mod end_to_end;
+mod flow_control;
 mod handover;
 mod kafka_errors;
 mod layers;

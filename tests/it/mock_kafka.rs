@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use history_service::actors::Pipeline;
+use history_service::actors::inflow::Inflow;
 use history_service::actors::messages::{
     CommitOffsets, CommitOutcome, CommitPosition, CommitResult, Drained, Epoch, InspectWindows,
     Lost, Record, Records, Revoke, StaleOutcomes, StopPartition, TopicPartition, WindowSnapshot,
 };
 use history_service::actors::partition::PartitionActor;
-use history_service::kafka::intake::Inflow;
 
 /// What the mock was asked to do.
 #[derive(Default, Debug)]
@@ -122,11 +122,19 @@ impl Handler<Inject> for MockKafka {
     type Result = ();
     fn handle(&mut self, msg: Inject, _: &mut Context<Self>) {
         let assigned = &self.partitions[&msg.0];
-        // As the real consumer stream and supervisor: the records are taken, handed over, and
-        // a partition they fill is paused at once.
-        (0..msg.1.len()).for_each(|_| self.pipeline.intake().taken());
-        let full = assigned.inflow.handed_over(msg.1.len());
-        assigned.actor.do_send(Records(msg.1));
+        // As the real consumer stream and supervisor: the records are taken (counted in the
+        // budget), handed over, and a partition they fill is paused at once.
+        let intake = self.pipeline.intake();
+        let records: Vec<_> = msg
+            .1
+            .into_iter()
+            .map(|record| {
+                let held = intake.take(&record);
+                (record, held)
+            })
+            .collect();
+        let full = assigned.inflow.handed_over(records.len());
+        assigned.actor.do_send(Records(records));
         if full {
             let flow = Flow::Paused(msg.0.clone(), assigned.epoch);
             self.log.lock().unwrap().flow.push(flow);
@@ -156,6 +164,20 @@ impl Handler<RevokePartition> for MockKafka {
             assigned.actor.do_send(StopPartition);
             positions
         }))
+    }
+}
+
+/// How many records of a partition were handed to its actor and not admitted to its window yet.
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct Queued(pub TopicPartition);
+
+impl Handler<Queued> for MockKafka {
+    type Result = usize;
+    fn handle(&mut self, msg: Queued, _: &mut Context<Self>) -> usize {
+        self.partitions
+            .get(&msg.0)
+            .map_or(0, |assigned| assigned.inflow.queued())
     }
 }
 
@@ -263,6 +285,33 @@ impl Harness {
 
     pub async fn inject(&self, tp: &TopicPartition, records: Vec<Record>) {
         self.kafka.send(Inject(tp.clone(), records)).await.unwrap();
+    }
+
+    /// Records of `tp` handed to its actor and waiting outside its window.
+    pub async fn queued(&self, tp: &TopicPartition) -> usize {
+        self.kafka.send(Queued(tp.clone())).await.unwrap()
+    }
+
+    /// Polls `state` until `done` holds for what it answers, within `timeout`.
+    pub async fn wait_until<T: std::fmt::Debug>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        state: impl AsyncFn(&Harness) -> T,
+        done: impl Fn(&T) -> bool,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = state(self).await;
+            if done(&now) {
+                return now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what} within {timeout:?}: {now:?}"
+            );
+            actix_rt::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Refuses the next `count` commit requests, as a broker in trouble would.

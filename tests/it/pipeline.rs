@@ -248,14 +248,20 @@ async fn the_window_cap_pauses_the_partition_and_resumes_it_when_drained() {
             .inject(&tp, events(chunk * 100..chunk * 100 + 100))
             .await;
     }
-    let mut max_seen = 0;
-    for _ in 0..50 {
-        for window in harness.windows().await {
-            max_seen = max_seen.max(window.len);
-        }
-        actix_rt::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(max_seen, cap, "the window fills to the cap and no further");
+    // Everything handed over either fills the window to the cap or waits outside it: without
+    // the cap the window would take all 1,000 and nothing would wait.
+    let (window, queued) = harness
+        .wait_until(
+            "the window at its cap and the rest queued outside it",
+            WAIT,
+            async |h| {
+                let window = h.windows().await.first().map_or(0, |w| w.len);
+                (window, h.queued(&tp).await)
+            },
+            |&(window, queued)| window == cap && queued == 1000 - cap,
+        )
+        .await;
+    assert_eq!((window, queued), (cap, 1000 - cap));
     assert!(
         harness
             .log
@@ -265,6 +271,7 @@ async fn the_window_cap_pauses_the_partition_and_resumes_it_when_drained() {
             .contains(&Flow::Paused(tp.clone(), 1)),
         "a full window pauses the partition"
     );
+    let mut max_seen = window;
 
     lock.rollback().await.unwrap();
     let deadline = std::time::Instant::now() + WAIT;

@@ -1,0 +1,320 @@
+//! The budget for fetched records, end to end: the real service, the embedded broker and a real
+//! PostgreSQL. Big records while the database is away are held up to the budget in bytes —
+//! the gauge says so and the process's memory shows it — and the backlog drains exactly once
+//! the database returns, every partition of it.
+
+use std::time::Duration;
+
+use history_devkit::test_app::TestApp;
+use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
+
+/// Payload bytes of each record: far above the ≈ 0.5 KB of a ticket event.
+const RECORD_BYTES: usize = 256 * 1024;
+/// Records per partition: the embedded broker keeps 5 MiB of each.
+const PER_PARTITION: usize = 13;
+/// The instance's budget in bytes: the service holds at most half of it.
+const BUDGET_BYTES: usize = 16 << 20;
+
+/// A valid event padded with white space to `bytes`, or (every third record) a record over
+/// `pipeline.max_payload_bytes`, bound for the dead-letter table with its raw bytes.
+fn big_records(partitions: i32, prefix: &str) -> Vec<PlannedRecord> {
+    let mut records = Vec::new();
+    for partition in 0..partitions {
+        for n in 0..PER_PARTITION {
+            let id = format!("{prefix}-{partition}-{n}");
+            let mut payload = event_payload(
+                &id,
+                &format!("ticket-{partition}"),
+                "open",
+                "closed",
+                chrono::Utc::now(),
+            );
+            let (size, kind) = if n % 3 == 2 {
+                (
+                    RECORD_BYTES + 1024,
+                    RecordKind::Poison {
+                        reason: "oversized",
+                    },
+                )
+            } else {
+                (RECORD_BYTES, RecordKind::Event { event_id: id })
+            };
+            payload.resize(size, b' ');
+            records.push(PlannedRecord {
+                key: format!("ticket-{partition}").into_bytes(),
+                payload: Some(payload),
+                partition: Some(partition),
+                kind,
+            });
+        }
+    }
+    records
+}
+
+/// With the service's database refusing connections, a backlog of 256 KB records on
+/// `partitions` partitions fills the budget in bytes and stays there: `history_held_bytes`
+/// never passes its limit by more than one record, and the process's peak memory stays within
+/// its idle size plus the whole budget (the client's half included). Then the database comes
+/// back and everything drains exactly: every valid event recorded once, every oversized record
+/// dead-lettered once, every partition committed to its end.
+async fn big_records_wait_within_the_budget_while_the_database_is_away(partitions: i32) {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = partitions;
+        o.env(
+            "HISTORY__PIPELINE__MAX_IN_FLIGHT_BYTES",
+            BUDGET_BYTES.to_string(),
+        )
+        .env(
+            "HISTORY__PIPELINE__MAX_PAYLOAD_BYTES",
+            (RECORD_BYTES + 512).to_string(),
+        )
+        .env("HISTORY__PIPELINE__RETRY_MAX_MS", "500");
+    })
+    .await;
+    let records = big_records(partitions, &format!("big{partitions}"));
+    let valid = records
+        .iter()
+        .filter(|r| matches!(r.kind, RecordKind::Event { .. }))
+        .count() as i64;
+    let oversized = records.len() as i64 - valid;
+
+    app.start();
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_assigned_partitions") == Some(partitions as f64)
+    })
+    .await;
+    let idle_rss_mb = app.process().rss_mb();
+    let admin = history_devkit::test_db::admin_client().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS false",
+            app.db.name
+        ))
+        .await
+        .unwrap();
+    app.db.terminate_backends().await;
+    app.produce(&records).await;
+
+    // The budget fills, stays full past the intake's wait, and every partition is paused.
+    let limit = BUDGET_BYTES as f64 / 2.0;
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(60), |m| {
+            m.get("history_held_bytes").unwrap_or(0.0) >= limit - RECORD_BYTES as f64
+                && m.get("history_instance_pauses_total").unwrap_or(0.0) >= 1.0
+        })
+        .await;
+    assert_eq!(metrics.get("history_held_bytes_limit"), Some(limit));
+    let held = metrics.get("history_held_bytes").unwrap();
+    assert!(
+        held < limit + (RECORD_BYTES + 2048) as f64,
+        "{held} bytes held, over the limit {limit} by more than one record"
+    );
+    // Paused, the client hands out nothing more: through several more failed attempts to
+    // write, what is held does not change.
+    let retries = metrics.get("history_retries_total").unwrap_or(0.0);
+    let later = app
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_retries_total").unwrap_or(0.0) >= retries + 4.0
+        })
+        .await
+        .get("history_held_bytes")
+        .unwrap();
+    assert_eq!(
+        later, held,
+        "what is held changed while the database was away"
+    );
+    let peak_mb = app.process().peak_rss_mb();
+    let budget_mb = BUDGET_BYTES as f64 / (1 << 20) as f64;
+    assert!(
+        peak_mb <= idle_rss_mb + budget_mb * 1.5,
+        "peak RSS {peak_mb:.1} MB with {partitions} partitions: idle {idle_rss_mb:.1} MB + budget \
+         {budget_mb} MB"
+    );
+    eprintln!(
+        "{partitions} partitions: held {held} bytes, idle RSS {idle_rss_mb:.1} MB, peak \
+         {peak_mb:.1} MB (budget {budget_mb} MB)"
+    );
+
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {} ALLOW_CONNECTIONS true",
+            app.db.name
+        ))
+        .await
+        .unwrap();
+    app.wait_committed(Duration::from_secs(120)).await;
+    assert_eq!(app.db.count("history_events").await, valid);
+    assert_eq!(app.db.count("dead_letters").await, oversized);
+    app.wait_for_metrics(Duration::from_secs(10), |m| {
+        m.get("history_held_bytes") == Some(0.0) && m.get("history_held_records") == Some(0.0)
+    })
+    .await;
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+#[actix_rt::test]
+async fn big_records_on_48_partitions_wait_within_the_budget_while_the_database_is_away() {
+    big_records_wait_within_the_budget_while_the_database_is_away(48).await;
+}
+
+#[actix_rt::test]
+async fn big_records_on_96_partitions_wait_within_the_budget_while_the_database_is_away() {
+    big_records_wait_within_the_budget_while_the_database_is_away(96).await;
+}
+
+fn event_on(partition: i32, id: &str, ticket: &str) -> PlannedRecord {
+    PlannedRecord {
+        key: ticket.as_bytes().to_vec(),
+        payload: Some(event_payload(
+            id,
+            ticket,
+            "open",
+            "closed",
+            chrono::Utc::now(),
+        )),
+        partition: Some(partition),
+        kind: RecordKind::Event {
+            event_id: id.to_owned(),
+        },
+    }
+}
+
+/// One event the database keeps rejecting, early in partition 2 of 4, with a budget of 1,000
+/// records and windows of 1,000: the stuck partition's window fills and pauses it alone, so
+/// its records beyond the window wait in the broker, not in the budget — the other partitions
+/// drain their 3,000 records each to the end with the budget to themselves. (Were the stuck
+/// partition not paused, its later records would queue in the service until they filled the
+/// budget, and every partition would stop.) Once the database takes the event, it drains too.
+#[actix_rt::test]
+async fn a_stuck_partition_is_paused_alone_and_the_others_drain_with_the_budget() {
+    const PER_PARTITION: usize = 3000;
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 4;
+        o.env("HISTORY__PIPELINE__MAX_IN_FLIGHT", "1000")
+            .env("HISTORY__PIPELINE__MAX_IN_FLIGHT_PER_PARTITION", "1000")
+            .env("HISTORY__PIPELINE__RETRY_MAX_MS", "200");
+    })
+    .await;
+    app.db
+        .client()
+        .await
+        .batch_execute(
+            "ALTER TABLE history_events ADD CONSTRAINT no_poison \
+             CHECK (ticket_id <> 'ticket-poison')",
+        )
+        .await
+        .unwrap();
+    let mut records = Vec::new();
+    for n in 0..PER_PARTITION {
+        for partition in 0..4 {
+            records.push(event_on(
+                partition,
+                &format!("e-{partition}-{n}"),
+                &format!("ticket-{n}"),
+            ));
+        }
+        if n == 100 {
+            records.push(event_on(2, "the-poison", "ticket-poison"));
+        }
+    }
+    let delivered = app.produce(&records).await;
+    let poison = delivered
+        .iter()
+        .zip(&records)
+        .find(|(_, r)| r.key == b"ticket-poison")
+        .map(|(d, _)| d.offset)
+        .unwrap();
+    let ends = app.ends().await;
+    let mut held_back = ends.clone();
+    held_back[2] = poison;
+    app.start();
+
+    app.wait_committed_to(&held_back, Duration::from_secs(60))
+        .await;
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.get("history_partition_pauses_total").unwrap_or(0.0) >= 1.0,
+        "the stuck partition's window never filled:\n{metrics}"
+    );
+    assert!(
+        app.db.count("history_events").await < (4 * PER_PARTITION) as i64,
+        "the stuck partition's records beyond its window waited in the broker"
+    );
+
+    app.db
+        .client()
+        .await
+        .batch_execute("ALTER TABLE history_events DROP CONSTRAINT no_poison")
+        .await
+        .unwrap();
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(
+        app.db.count("history_events").await,
+        (4 * PER_PARTITION + 1) as i64
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+/// With the database away the budget fills and every partition is paused. A second member
+/// joins and takes one of the two partitions, then leaves (its stop cannot drain: the
+/// database is away), and the partition comes back to the first member while it is still
+/// paused. When the database returns, the first member drains both partitions to their ends:
+/// a partition paused, revoked and assigned again fetches again.
+#[actix_rt::test]
+async fn a_paused_partition_revoked_and_assigned_again_flows_again() {
+    let mut first = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.env("HISTORY__PIPELINE__MAX_IN_FLIGHT", "200")
+            .env("HISTORY__PIPELINE__RETRY_MAX_MS", "200")
+            .env("HISTORY__PIPELINE__SHUTDOWN_TIMEOUT_MS", "1000")
+            .env("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "6000");
+    })
+    .await;
+    let records: Vec<PlannedRecord> = (0..3000)
+        .map(|n| event_on(n % 2, &format!("r-{n}"), &format!("ticket-{n}")))
+        .collect();
+    first.start();
+    first
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_assigned_partitions") == Some(2.0)
+        })
+        .await;
+    let admin = history_devkit::test_db::admin_client().await;
+    let allow = |allow: bool| format!("ALTER DATABASE {} ALLOW_CONNECTIONS {allow}", first.db.name);
+    admin.batch_execute(&allow(false)).await.unwrap();
+    first.db.terminate_backends().await;
+    first.produce(&records).await;
+    first
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_instance_pauses_total").unwrap_or(0.0) >= 1.0
+        })
+        .await;
+
+    let mut second = TestApp::spawn(|o| {
+        // The schema is there; the database is away, so it must not wait to migrate.
+        o.share(&first)
+            .env("HISTORY__DATABASE__MIGRATE_ON_START", "false");
+    })
+    .await;
+    second
+        .wait_for_metrics(Duration::from_secs(60), |m| {
+            m.get("history_assigned_partitions") == Some(1.0)
+                && m.get("history_records_fetched_total").unwrap_or(0.0) > 0.0
+        })
+        .await;
+    // Its stop leaves what it took behind its final commit (exit 3): re-read by the first.
+    assert_eq!(second.stop(), Some(3), "{}", second.logs());
+    first
+        .wait_for_metrics(Duration::from_secs(60), |m| {
+            m.get("history_assigned_partitions") == Some(2.0)
+                && m.get("history_rebalances_total{kind=\"assign\"}")
+                    .unwrap_or(0.0)
+                    >= 2.0
+        })
+        .await;
+
+    admin.batch_execute(&allow(true)).await.unwrap();
+    first.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(first.db.count("history_events").await, 3000);
+    assert_eq!(first.stop(), Some(0), "{}", first.logs());
+}
