@@ -277,6 +277,19 @@ impl DbWriter {
                 self.stats.retry();
                 self.attempt += 1;
                 let delay = self.backoff.next_delay();
+                if let StoreError::TimedOut(deadline) = &error {
+                    self.stats.db_timeout();
+                    error!(
+                        writer = self.id,
+                        partitions = %partitions_of(&batch),
+                        records = batch.len(),
+                        age_ms = result.elapsed.as_millis() as u64,
+                        deadline_ms = deadline.as_millis() as u64,
+                        attempt = self.attempt,
+                        "write did not return within its deadline: abandoned, its connection \
+                         closed and every older one replaced; retrying on a fresh connection"
+                    );
+                }
                 warn!(
                     writer = self.id,
                     records = batch.len(),
@@ -450,6 +463,17 @@ impl DbWriter {
     }
 }
 
+/// The partitions of a batch's jobs, for logs: `topic[0],topic[3]`.
+fn partitions_of(batch: &Batch) -> String {
+    let partitions: std::collections::BTreeSet<String> = batch
+        .events
+        .iter()
+        .map(|job| job.tp.to_string())
+        .chain(batch.letters.iter().map(|job| job.tp.to_string()))
+        .collect();
+    partitions.into_iter().collect::<Vec<_>>().join(",")
+}
+
 /// The server's reason, when a write failed because of the data it was given — a constraint
 /// (SQLSTATE class 23), a value the column cannot hold (22), a row over a limit such as an
 /// index entry too large (54), a trigger's exception (P0), a check option (44), a cardinality
@@ -523,7 +547,8 @@ async fn execute(
     }
     let mut dead_letter_reasons = Vec::new();
     if !letters.is_empty() {
-        match write_dead_letters(&repository, publisher.as_deref(), &stats, &letters).await {
+        let write = write_dead_letters(&repository, publisher.as_deref(), &stats, &letters);
+        match repository.pool().within_deadline(write).await {
             Ok(()) => {
                 dead_letter_reasons.extend(letters.iter().map(|job| job.item.reason_code));
                 resolved.extend(
@@ -548,7 +573,8 @@ async fn execute(
     }
 }
 
-/// Writes events in one transaction; on success, reports the duplicates whose content differs
+/// Writes events in one transaction, under the pool's deadline (an expiry is an Unknown
+/// outcome, [`StoreError::TimedOut`]); on success, reports the duplicates whose content differs
 /// from the stored row.
 async fn write_events(
     repository: &PgHistoryRepository,
@@ -556,7 +582,10 @@ async fn write_events(
     events: &[Job<HistoryEvent>],
 ) -> Result<Vec<OutcomeClass>, StoreError> {
     let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item).collect();
-    let resolutions = process_history_batch(repository, &refs).await?;
+    let resolutions = repository
+        .pool()
+        .within_deadline(process_history_batch(repository, &refs))
+        .await?;
     let classes: Vec<OutcomeClass> = resolutions
         .into_iter()
         .map(|resolution| match resolution {
@@ -590,7 +619,8 @@ async fn report_conflicts(
         .map(|job| job.item.event_id.as_str())
         .collect();
     // The stored rows never change, so reading them after the commit is as good as inside it.
-    let stored = match load_events(repository.pool(), &ids).await {
+    let pool = repository.pool();
+    let stored = match pool.within_deadline(load_events(pool, &ids)).await {
         Ok(stored) => stored,
         Err(err) => {
             debug!(error = %err, "could not compare duplicates with their stored rows");
