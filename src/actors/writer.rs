@@ -276,7 +276,12 @@ impl DbWriter {
                     .outcomes(OutcomeClass::Unknown, batch.len() as u64);
                 self.stats.retry();
                 self.attempt += 1;
-                let delay = self.backoff.next_delay();
+                let mut delay = self.backoff.next_delay();
+                if error.is_session_fault() {
+                    // The pool has replaced its sessions: the next attempt runs on a fresh one,
+                    // which may work at once (the fail-over done, the server writable again).
+                    delay = delay.min(FRESH_SESSION_RETRY_MAX);
+                }
                 if let StoreError::TimedOut(deadline) = &error {
                     self.stats.db_timeout();
                     error!(
@@ -462,6 +467,13 @@ impl DbWriter {
         }));
     }
 }
+
+/// The longest a batch waits before it is retried after a session fault (a deadline expired, a
+/// read-only or shutting-down server): the backoff, but no more than this. Such a failure is
+/// answered at once by the server, or after the whole deadline; either way a retry a second later
+/// costs the database one short transaction, and it finds a server that came back within a
+/// second of its return rather than after up to `pipeline.retry_max_ms`.
+const FRESH_SESSION_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// The partitions of a batch's jobs, for logs: `topic[0],topic[3]`.
 fn partitions_of(batch: &Batch) -> String {
