@@ -276,12 +276,7 @@ impl DbWriter {
                     .outcomes(OutcomeClass::Unknown, batch.len() as u64);
                 self.stats.retry();
                 self.attempt += 1;
-                let mut delay = self.backoff.next_delay();
-                if error.is_session_fault() {
-                    // The pool has replaced its sessions: the next attempt runs on a fresh one,
-                    // which may work at once (the fail-over done, the server writable again).
-                    delay = delay.min(FRESH_SESSION_RETRY_MAX);
-                }
+                let delay = retry_delay(&mut self.backoff, &error);
                 if let StoreError::TimedOut(deadline) = &error {
                     self.stats.db_timeout();
                     error!(
@@ -474,6 +469,19 @@ impl DbWriter {
 /// costs the database one short transaction, and it finds a server that came back within a
 /// second of its return rather than after up to `pipeline.retry_max_ms`.
 const FRESH_SESSION_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// How long a failed batch waits before its next attempt: the backoff's next delay, capped at
+/// [`FRESH_SESSION_RETRY_MAX`] after a session fault — the pool has replaced its sessions, and
+/// the next attempt runs on a fresh one, which may work at once (the fail-over done, the server
+/// writable again).
+fn retry_delay(backoff: &mut Backoff, error: &StoreError) -> Duration {
+    let delay = backoff.next_delay();
+    if error.is_session_fault() {
+        delay.min(FRESH_SESSION_RETRY_MAX)
+    } else {
+        delay
+    }
+}
 
 /// The partitions of a batch's jobs, for logs: `topic[0],topic[3]`.
 fn partitions_of(batch: &Batch) -> String {
@@ -712,5 +720,30 @@ impl Handler<WriteJobs> for DbWriter {
     fn handle(&mut self, msg: WriteJobs, ctx: &mut Context<Self>) {
         self.buffer.extend(msg.0);
         self.schedule(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_a_session_fault_the_retry_waits_a_second_at_most_otherwise_the_backoff() {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+        let outage = StoreError::Unavailable("connection refused".into());
+        let delays: Vec<Duration> = (0..8).map(|_| retry_delay(&mut backoff, &outage)).collect();
+        assert_eq!(delays.last(), Some(&Duration::from_secs(10)), "{delays:?}");
+
+        let timed_out = StoreError::TimedOut(Duration::from_secs(10));
+        assert_eq!(
+            retry_delay(&mut backoff, &timed_out),
+            FRESH_SESSION_RETRY_MAX
+        );
+        backoff.reset();
+        assert_eq!(
+            retry_delay(&mut backoff, &timed_out),
+            Duration::from_millis(100),
+            "a shorter backoff is kept"
+        );
     }
 }
