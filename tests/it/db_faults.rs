@@ -13,6 +13,7 @@ use history_devkit::fault_proxy::{Direction, FaultProxy};
 use history_devkit::test_app::TestApp;
 use history_devkit::test_db::server_address;
 use history_devkit::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
+use history_service::store::{Database, PgPool, SessionLimits, StoreError};
 
 use crate::common::{TestDb, admin_client};
 
@@ -48,6 +49,59 @@ async fn wait_count(app: &TestApp, timeout: Duration, done: impl Fn(i64) -> bool
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// One round trip on a pooled connection, under the pool's deadline.
+async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    pool.within_deadline(async {
+        let conn = pool.get().await?;
+        conn.client.simple_query("SELECT 1").await?;
+        Ok(())
+    })
+    .await
+}
+
+#[actix_rt::test]
+async fn after_a_deadline_expires_no_connection_opened_before_it_is_used_again() {
+    let server = server_address()
+        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
+    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
+    let db = TestDb::create().await;
+    let mut database = Database::plain(db.url_via(proxy.addr()).parse().unwrap());
+    database.limits = SessionLimits {
+        statement_timeout: Duration::from_secs(1),
+        ..SessionLimits::default()
+    };
+    let pool = database.pool(3, Duration::from_secs(5));
+    // Three connections open, then idle in the pool.
+    let open: Vec<_> = futures::future::join_all((0..3).map(|_| pool.get())).await;
+    for conn in &open {
+        let conn = conn.as_ref().unwrap();
+        conn.client.simple_query("SELECT 1").await.unwrap();
+    }
+    drop(open);
+    assert_eq!(proxy.open_connections(), 3);
+
+    assert_eq!(proxy.freeze_open(Direction::Both), 3);
+    let started = Instant::now();
+    let hung = ping(&pool).await;
+    assert!(matches!(hung, Err(StoreError::TimedOut(_))), "{hung:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // Each later round trip runs on a fresh session, not on the next frozen one.
+    for _ in 0..3 {
+        let started = Instant::now();
+        ping(&pool).await.expect("a fresh connection answers");
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert!(proxy.accepted() > 3, "no new connection was made");
 }
 
 #[actix_rt::test]
