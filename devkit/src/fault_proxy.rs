@@ -7,6 +7,7 @@
 //!   keeping the sockets open, so the peers see no error at all, as with a hung server or a
 //!   fail-over whose old address still acknowledges — while new connections go through;
 //! - resets every open connection (both sockets closed with RST);
+//! - freezes new connections from their start (a server that accepts and never answers);
 //! - refuses new connections (each is reset as soon as it is accepted).
 //!
 //! It runs on a thread and runtime of its own, so it works the same under any test runtime and
@@ -58,6 +59,7 @@ struct Shared {
     /// Added latency per direction, in microseconds.
     latency_us: [AtomicU64; 2],
     refuse: AtomicBool,
+    freeze_new: AtomicBool,
     accepted: AtomicU64,
     connections: Mutex<Vec<Weak<Connection>>>,
 }
@@ -111,6 +113,7 @@ impl FaultProxy {
             target,
             latency_us: [AtomicU64::new(0), AtomicU64::new(0)],
             refuse: AtomicBool::new(false),
+            freeze_new: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
             connections: Mutex::new(Vec::new()),
         });
@@ -185,6 +188,15 @@ impl FaultProxy {
         self.each_open(|connection| connection.reset.store(true, Ordering::Release))
     }
 
+    /// While `freeze` holds, every new connection is accepted and frozen both ways from the
+    /// start (its target connected, nothing forwarded): a server that never answers. [`thaw`]
+    /// lets those flow too.
+    ///
+    /// [`thaw`]: FaultProxy::thaw
+    pub fn freeze_new(&self, freeze: bool) {
+        self.shared.freeze_new.store(freeze, Ordering::Release);
+    }
+
     /// While `refuse` holds, every new connection is reset as soon as it is accepted.
     pub fn refuse_new(&self, refuse: bool) {
         self.shared.refuse.store(refuse, Ordering::Release);
@@ -236,6 +248,11 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
             continue;
         }
         let connection = Arc::new(Connection::default());
+        if shared.freeze_new.load(Ordering::Acquire) {
+            for way in [UP, DOWN] {
+                connection.frozen[way].store(true, Ordering::Release);
+            }
+        }
         shared
             .connections
             .lock()
@@ -360,6 +377,12 @@ mod tests {
         assert_eq!(round_trip(&mut new, b"new").await.unwrap(), b"new");
         assert_eq!(proxy.open_connections(), 2);
 
+        proxy.freeze_new(true);
+        let mut born_frozen = TcpStream::connect(proxy.addr()).await.unwrap();
+        let held = tokio::time::timeout(QUIET, round_trip(&mut born_frozen, b"late")).await;
+        assert!(held.is_err(), "a connection made frozen answered: {held:?}");
+        proxy.freeze_new(false);
+
         proxy.thaw();
         let mut answer = vec![0u8; 6];
         old.read_exact(&mut answer).await.unwrap();
@@ -367,6 +390,9 @@ mod tests {
             answer, b"frozen",
             "what was held is forwarded after the thaw"
         );
+        let mut answer = vec![0u8; 4];
+        born_frozen.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer, b"late");
     }
 
     #[tokio::test]

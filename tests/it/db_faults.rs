@@ -231,3 +231,63 @@ async fn a_database_read_only_for_20_s_costs_no_record_and_the_drain_resumes_wit
     );
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
+
+#[actix_rt::test]
+async fn a_database_that_never_answers_makes_the_service_unready_naming_the_deadline_until_it_does()
+{
+    let server = server_address()
+        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
+    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
+    let db = Arc::new(TestDb::migrated().await);
+    let url = db.url_via(proxy.addr());
+    // Short bounds, so that it takes seconds: a deadline of 1 s (below the 5 s a connection may
+    // take to open, so every failure is the deadline's) and unready after 3 s of failures.
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = PARTITIONS;
+        o.database = Some(db.clone());
+        o.env("HISTORY__DATABASE__URL", &url)
+            .env("HISTORY__DATABASE__STATEMENT_TIMEOUT_MS", "1000")
+            .env("HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS", "3000");
+    })
+    .await;
+    let records = backlog("hung");
+    let distinct = distinct_events(&records) as i64;
+    app.produce(&records).await;
+    app.start();
+    wait_count(&app, Duration::from_secs(60), |rows| rows >= distinct / 4).await;
+
+    // The server hangs: what is open stops answering, and so does whatever opens next.
+    proxy.freeze_new(true);
+    proxy.freeze_open(Direction::Both);
+    let rows_hung = db.count("history_events").await;
+    assert!(rows_hung < distinct, "the drain ended before the fault");
+    let (_, reason) = app
+        .wait_for_answer("/readyz", Duration::from_secs(20), |status, body| {
+            status == 503 && body.contains("every write has failed")
+        })
+        .await;
+    assert!(
+        reason.contains("no answer from the database within 1000 ms"),
+        "{reason}"
+    );
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(10), |m| {
+            m.get("history_ready") == Some(0.0)
+        })
+        .await;
+    let timeouts = metrics.get("history_db_timeouts_total");
+    assert!(timeouts >= Some(3.0), "{timeouts:?}");
+
+    // The server is back (its hung sessions gone): ready again, and the drain completes.
+    proxy.freeze_new(false);
+    proxy.reset_all();
+    app.wait_for_answer("/readyz", Duration::from_secs(20), |status, _| {
+        status == 200
+    })
+    .await;
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(db.count("history_events").await, distinct);
+    assert_eq!(db.count("dead_letters").await, 0);
+    eprintln!("unready while hung: {reason}; {timeouts:?} timeouts");
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
