@@ -81,6 +81,25 @@ async fn after_a_deadline_expires_no_connection_opened_before_it_is_used_again()
     }
     drop(open);
     assert_eq!(proxy.open_connections(), 3);
+    // The server holds each pooled session to the same limits.
+    let conn = pool.get().await.unwrap();
+    for (setting, expected) in [
+        ("statement_timeout", "1s"),
+        ("idle_in_transaction_session_timeout", "1min"),
+        ("plan_cache_mode", "force_custom_plan"),
+    ] {
+        let rows = conn
+            .client
+            .simple_query(&format!("SHOW {setting}"))
+            .await
+            .unwrap();
+        let value = rows.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        });
+        assert_eq!(value.as_deref(), Some(expected), "{setting}");
+    }
+    drop(conn);
 
     assert_eq!(proxy.freeze_open(Direction::Both), 3);
     let started = Instant::now();
