@@ -69,6 +69,20 @@ pub struct DatabaseSettings {
     pub tls_ca_file: String,
     pub pool_size: u32,
     pub connect_timeout_ms: u64,
+    /// Longest one write transaction may take, client side (the transaction is abandoned and
+    /// its connection closed) and server side (`statement_timeout` of pooled sessions).
+    pub statement_timeout_ms: u64,
+    /// The server's `idle_in_transaction_session_timeout` for pooled sessions: a session left
+    /// inside a transaction (its client frozen or gone) is ended and its locks released.
+    pub idle_in_transaction_timeout_ms: u64,
+    /// TCP keepalive of every connection: first probe after this long idle,
+    pub keepalives_idle_ms: u64,
+    /// then one probe per this interval,
+    pub keepalives_interval_ms: u64,
+    /// and the connection is dropped after this many unanswered probes.
+    pub keepalives_retries: u32,
+    /// Data sent and not acknowledged for this long drops the connection (`TCP_USER_TIMEOUT`).
+    pub tcp_user_timeout_ms: u64,
     pub migrate_on_start: bool,
 }
 
@@ -212,6 +226,7 @@ impl Settings {
             "database.connect_timeout_ms",
             self.database.connect_timeout_ms,
         )?;
+        self.database.validate_limits()?;
 
         let kafka = &self.kafka;
         validate_brokers(&kafka.brokers)?;
@@ -372,9 +387,91 @@ fn normalize_properties(
         .collect()
 }
 
+/// The longest deadline PostgreSQL takes in milliseconds (its settings are 32-bit integers).
+const POSTGRES_MAX_MS: u64 = i32::MAX as u64;
+
 impl DatabaseSettings {
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub fn statement_timeout(&self) -> Duration {
+        Duration::from_millis(self.statement_timeout_ms)
+    }
+
+    pub fn idle_in_transaction_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_in_transaction_timeout_ms)
+    }
+
+    pub fn keepalives_idle(&self) -> Duration {
+        Duration::from_millis(self.keepalives_idle_ms)
+    }
+
+    pub fn keepalives_interval(&self) -> Duration {
+        Duration::from_millis(self.keepalives_interval_ms)
+    }
+
+    pub fn tcp_user_timeout(&self) -> Duration {
+        Duration::from_millis(self.tcp_user_timeout_ms)
+    }
+
+    /// Every wait on the database is bounded: none of these may be 0 (which PostgreSQL and the
+    /// kernel read as "no limit"), and each must be one its receiver can hold.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let bounded = |key: &'static str, value: u64, min: u64, max: u64, unit: &str| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(ConfigError::invalid(
+                    key,
+                    format!("{value} is out of range {min}..={max}{unit}"),
+                ))
+            }
+        };
+        bounded(
+            "database.statement_timeout_ms",
+            self.statement_timeout_ms,
+            1,
+            POSTGRES_MAX_MS,
+            " (0 would mean no deadline)",
+        )?;
+        bounded(
+            "database.idle_in_transaction_timeout_ms",
+            self.idle_in_transaction_timeout_ms,
+            1,
+            POSTGRES_MAX_MS,
+            " (0 would mean no deadline)",
+        )?;
+        // The kernel counts keepalive times in whole seconds.
+        bounded(
+            "database.keepalives_idle_ms",
+            self.keepalives_idle_ms,
+            1000,
+            POSTGRES_MAX_MS,
+            " (the kernel counts whole seconds)",
+        )?;
+        bounded(
+            "database.keepalives_interval_ms",
+            self.keepalives_interval_ms,
+            1000,
+            POSTGRES_MAX_MS,
+            " (the kernel counts whole seconds)",
+        )?;
+        bounded(
+            "database.keepalives_retries",
+            u64::from(self.keepalives_retries),
+            1,
+            127,
+            "",
+        )?;
+        bounded(
+            "database.tcp_user_timeout_ms",
+            self.tcp_user_timeout_ms,
+            1,
+            u64::from(u32::MAX),
+            " (0 would mean the kernel's default, minutes)",
+        )?;
+        Ok(())
     }
 }
 
@@ -722,6 +819,58 @@ mod tests {
             settings.pipeline.unready_after_failing(),
             Duration::from_millis(1500)
         );
+    }
+
+    #[test]
+    fn every_database_wait_is_bounded_and_a_zero_names_its_key() {
+        let settings = read(&[]).unwrap();
+        assert_eq!(
+            settings.database.statement_timeout(),
+            Duration::from_secs(10)
+        );
+        for (variable, key) in [
+            (
+                "HISTORY__DATABASE__STATEMENT_TIMEOUT_MS",
+                "database.statement_timeout_ms",
+            ),
+            (
+                "HISTORY__DATABASE__IDLE_IN_TRANSACTION_TIMEOUT_MS",
+                "database.idle_in_transaction_timeout_ms",
+            ),
+            (
+                "HISTORY__DATABASE__KEEPALIVES_IDLE_MS",
+                "database.keepalives_idle_ms",
+            ),
+            (
+                "HISTORY__DATABASE__KEEPALIVES_INTERVAL_MS",
+                "database.keepalives_interval_ms",
+            ),
+            (
+                "HISTORY__DATABASE__KEEPALIVES_RETRIES",
+                "database.keepalives_retries",
+            ),
+            (
+                "HISTORY__DATABASE__TCP_USER_TIMEOUT_MS",
+                "database.tcp_user_timeout_ms",
+            ),
+        ] {
+            let result = read(&[(variable, "0")]);
+            let message = format!("{:?}", result.as_ref().err());
+            assert_eq!(invalid_key(result), key, "{message}");
+        }
+        assert_eq!(
+            invalid_key(read(&[(
+                "HISTORY__DATABASE__STATEMENT_TIMEOUT_MS",
+                "3000000000"
+            )])),
+            "database.statement_timeout_ms"
+        );
+        assert_eq!(
+            invalid_key(read(&[("HISTORY__DATABASE__KEEPALIVES_IDLE_MS", "500")])),
+            "database.keepalives_idle_ms"
+        );
+        let err = read(&[("HISTORY__DATABASE__STATEMENT_TIMEOUT_MS", "0")]).unwrap_err();
+        assert!(err.to_string().contains("no deadline"), "{err}");
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub const DEAD_LETTER_PUBLISH_FAILURES_TOTAL: &str = "history_dead_letter_publis
 pub const READY: &str = "history_ready";
 /// `pipeline.max_in_flight_per_partition`, so alerts can compare `history_in_flight` with it.
 pub const WINDOW_LIMIT: &str = "history_window_limit";
+/// Database work abandoned at its deadline (`database.statement_timeout_ms`): a transaction that
+/// did not return, its connection closed and every older one replaced.
+pub const DB_TIMEOUTS_TOTAL: &str = "history_db_timeouts_total";
 /// Client errors of librdkafka, by error name (the logs aggregate repeats of one error).
 pub const KAFKA_CLIENT_ERRORS_TOTAL: &str = "history_kafka_client_errors_total";
 
@@ -137,6 +140,10 @@ pub fn register_families() {
         "Dead letters stored but not published to dead_letter.topic."
     );
     describe_gauge!(READY, "1 while /readyz answers 200, else 0.");
+    describe_counter!(
+        DB_TIMEOUTS_TOTAL,
+        "Write transactions abandoned at database.statement_timeout_ms (retried on a fresh connection)."
+    );
     describe_gauge!(WINDOW_LIMIT, "pipeline.max_in_flight_per_partition.");
     describe_counter!(
         KAFKA_CLIENT_ERRORS_TOTAL,
@@ -151,6 +158,7 @@ pub fn register_families() {
         PARTITION_PAUSES_TOTAL,
         INSTANCE_PAUSES_TOTAL,
         DEAD_LETTER_PUBLISH_FAILURES_TOTAL,
+        DB_TIMEOUTS_TOTAL,
     ] {
         metrics::counter!(counter).increment(0);
     }
@@ -300,6 +308,11 @@ impl Stats {
     pub fn pause(&self) {
         self.pauses.fetch_add(1, Ordering::Relaxed);
         metrics::counter!(PARTITION_PAUSES_TOTAL).increment(1);
+    }
+
+    /// A write was abandoned at its deadline.
+    pub fn db_timeout(&self) {
+        metrics::counter!(DB_TIMEOUTS_TOTAL).increment(1);
     }
 
     pub fn retry(&self) {

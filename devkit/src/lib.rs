@@ -1,5 +1,5 @@
-//! history-service's development kit: the embedded broker and its faults, generated
-//! workloads, a throwaway PostgreSQL server and a throwaway database per test, the group
+//! history-service's development kit: the embedded broker and its faults, a TCP fault proxy,
+//! generated workloads, a throwaway PostgreSQL server and a throwaway database per test, the group
 //! inspector (committed offsets as an operator reads them), an HTTP probe and the one metrics
 //! reader, /proc CPU readings, one child-process wrapper and `TestApp` (the service under test
 //! with its database, broker, topic and group) — the test-support library the tests take as a
@@ -10,6 +10,7 @@ pub mod bench;
 pub mod broker;
 pub mod cpu;
 pub mod demo;
+pub mod fault_proxy;
 pub mod faults;
 pub mod group;
 pub mod postgres;

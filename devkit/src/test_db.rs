@@ -11,6 +11,20 @@ pub fn base_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
 }
 
+/// The test server's TCP address (for a proxy to forward to); `None` when it is reached
+/// through a Unix socket.
+pub fn server_address() -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    let config = base_config();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => {
+            (host.as_str(), port).to_socket_addrs().ok()?.next()
+        }
+        _ => None,
+    }
+}
+
 fn base_config() -> tokio_postgres::Config {
     tokio_postgres::Config::from_str(&base_url()).expect("HISTORY_TEST_DATABASE_URL is not a URL")
 }
@@ -45,6 +59,16 @@ impl TestDb {
 
     pub fn url(&self) -> String {
         format!("{}/{}", base_url().trim_end_matches('/'), self.name)
+    }
+
+    /// [`TestDb::url`] with the server's address replaced by `via` (a proxy in front of it).
+    pub fn url_via(&self, via: std::net::SocketAddr) -> String {
+        let mut url = url::Url::parse(&self.url()).expect("HISTORY_TEST_DATABASE_URL is a URL");
+        url.set_host(Some(&via.ip().to_string()))
+            .expect("the URL takes a host");
+        url.set_port(Some(via.port()))
+            .expect("the URL takes a port");
+        url.to_string()
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {

@@ -284,7 +284,20 @@ impl DbWriter {
                     .outcomes(OutcomeClass::Unknown, batch.len() as u64);
                 self.stats.retry();
                 self.attempt += 1;
-                let delay = self.backoff.next_delay();
+                let delay = retry_delay(&mut self.backoff, &error);
+                if let StoreError::TimedOut(deadline) = &error {
+                    self.stats.db_timeout();
+                    error!(
+                        writer = self.id,
+                        partitions = %partitions_of(&batch),
+                        records = batch.len(),
+                        age_ms = result.elapsed.as_millis() as u64,
+                        deadline_ms = deadline.as_millis() as u64,
+                        attempt = self.attempt,
+                        "write did not return within its deadline: abandoned, its connection \
+                         closed and every older one replaced; retrying on a fresh connection"
+                    );
+                }
                 warn!(
                     writer = self.id,
                     records = batch.len(),
@@ -458,6 +471,37 @@ impl DbWriter {
     }
 }
 
+/// The longest a batch waits before it is retried after a session fault (a deadline expired, a
+/// read-only or shutting-down server): the backoff, but no more than this. Such a failure is
+/// answered at once by the server, or after the whole deadline; either way a retry a second later
+/// costs the database one short transaction, and it finds a server that came back within a
+/// second of its return rather than after up to `pipeline.retry_max_ms`.
+const FRESH_SESSION_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// How long a failed batch waits before its next attempt: the backoff's next delay, capped at
+/// [`FRESH_SESSION_RETRY_MAX`] after a session fault — the pool has replaced its sessions, and
+/// the next attempt runs on a fresh one, which may work at once (the fail-over done, the server
+/// writable again).
+fn retry_delay(backoff: &mut Backoff, error: &StoreError) -> Duration {
+    let delay = backoff.next_delay();
+    if error.is_session_fault() {
+        delay.min(FRESH_SESSION_RETRY_MAX)
+    } else {
+        delay
+    }
+}
+
+/// The partitions of a batch's jobs, for logs: `topic[0],topic[3]`.
+fn partitions_of(batch: &Batch) -> String {
+    let partitions: std::collections::BTreeSet<String> = batch
+        .events
+        .iter()
+        .map(|job| job.tp.to_string())
+        .chain(batch.letters.iter().map(|job| job.tp.to_string()))
+        .collect();
+    partitions.into_iter().collect::<Vec<_>>().join(",")
+}
+
 /// The server's reason, when a write failed because of the data it was given — a constraint
 /// (SQLSTATE class 23), a value the column cannot hold (22), a row over a limit such as an
 /// index entry too large (54), a trigger's exception (P0), a check option (44), a cardinality
@@ -531,7 +575,8 @@ async fn execute(
     }
     let mut dead_letter_reasons = Vec::new();
     if !letters.is_empty() {
-        match write_dead_letters(&repository, publisher.as_deref(), &stats, &letters).await {
+        let write = write_dead_letters(&repository, publisher.as_deref(), &stats, &letters);
+        match repository.pool().within_deadline(write).await {
             Ok(()) => {
                 dead_letter_reasons.extend(letters.iter().map(|job| job.item.reason_code));
                 resolved.extend(
@@ -556,7 +601,8 @@ async fn execute(
     }
 }
 
-/// Writes events in one transaction; on success, reports the duplicates whose content differs
+/// Writes events in one transaction, under the pool's deadline (an expiry is an Unknown
+/// outcome, [`StoreError::TimedOut`]); on success, reports the duplicates whose content differs
 /// from the stored row.
 async fn write_events(
     repository: &PgHistoryRepository,
@@ -564,7 +610,10 @@ async fn write_events(
     events: &[Job<HistoryEvent>],
 ) -> Result<Vec<OutcomeClass>, StoreError> {
     let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item).collect();
-    let resolutions = process_history_batch(repository, &refs).await?;
+    let resolutions = repository
+        .pool()
+        .within_deadline(process_history_batch(repository, &refs))
+        .await?;
     let classes: Vec<OutcomeClass> = resolutions
         .into_iter()
         .map(|resolution| match resolution {
@@ -598,7 +647,8 @@ async fn report_conflicts(
         .map(|job| job.item.event_id.as_str())
         .collect();
     // The stored rows never change, so reading them after the commit is as good as inside it.
-    let stored = match load_events(repository.pool(), &ids).await {
+    let pool = repository.pool();
+    let stored = match pool.within_deadline(load_events(pool, &ids)).await {
         Ok(stored) => stored,
         Err(err) => {
             debug!(error = %err, "could not compare duplicates with their stored rows");
@@ -678,5 +728,30 @@ impl Handler<WriteJobs> for DbWriter {
     fn handle(&mut self, msg: WriteJobs, ctx: &mut Context<Self>) {
         self.buffer.extend(msg.0);
         self.schedule(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_a_session_fault_the_retry_waits_a_second_at_most_otherwise_the_backoff() {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
+        let outage = StoreError::Unavailable("connection refused".into());
+        let delays: Vec<Duration> = (0..8).map(|_| retry_delay(&mut backoff, &outage)).collect();
+        assert_eq!(delays.last(), Some(&Duration::from_secs(10)), "{delays:?}");
+
+        let timed_out = StoreError::TimedOut(Duration::from_secs(10));
+        assert_eq!(
+            retry_delay(&mut backoff, &timed_out),
+            FRESH_SESSION_RETRY_MAX
+        );
+        backoff.reset();
+        assert_eq!(
+            retry_delay(&mut backoff, &timed_out),
+            Duration::from_millis(100),
+            "a shorter backoff is kept"
+        );
     }
 }

@@ -91,8 +91,12 @@ impl Readiness {
             return Some(reason);
         }
         let probe = async {
-            let conn = pool.get().await?;
+            let mut conn = pool.get().await?;
+            // Closed rather than reused if the probe is abandoned at its time-out: a connection
+            // that did not answer is not given to a writer.
+            conn.poisoned = true;
             conn.client.simple_query("SELECT 1").await?;
+            conn.poisoned = false;
             Ok::<_, StoreError>(())
         };
         let why = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {

@@ -7,7 +7,7 @@ use tokio_postgres::{Client, NoTls};
 
 use super::error::StoreError;
 use super::pool::{PgManager, PgPool};
-use super::target::{PgTls, describe_target};
+use super::target::{PgTls, SessionLimits, describe_target};
 use crate::config::{ConfigError, DatabaseSettings};
 
 /// A database to connect to.
@@ -15,6 +15,9 @@ use crate::config::{ConfigError, DatabaseSettings};
 pub struct Database {
     pub config: tokio_postgres::Config,
     pub tls: PgTls,
+    /// The deadlines of pooled sessions (one connection of [`Database::connect`], for
+    /// migrations and tools, has only the TCP bounds of `config`).
+    pub limits: SessionLimits,
 }
 
 impl Database {
@@ -23,6 +26,7 @@ impl Database {
         Database {
             config,
             tls: PgTls::Plain,
+            limits: SessionLimits::default(),
         }
     }
 
@@ -30,7 +34,11 @@ impl Database {
     pub fn from_settings(settings: &DatabaseSettings) -> Result<Self, ConfigError> {
         let config = settings.postgres_config()?;
         let tls = PgTls::for_settings(settings, &config)?;
-        Ok(Database { config, tls })
+        Ok(Database {
+            config,
+            tls,
+            limits: settings.session_limits(),
+        })
     }
 
     /// `user@host:port/dbname`, for logs: never the password.
@@ -67,7 +75,7 @@ impl Database {
             .test_on_check_out(false);
         PgPool::build(
             builder,
-            PgManager::new(self.config.clone(), self.tls.clone()),
+            PgManager::new(self.config.clone(), self.tls.clone(), self.limits),
         )
     }
 }

@@ -18,6 +18,14 @@ pub enum StoreError {
     Db(tokio_postgres::Error),
     #[error("migration failed: {0}")]
     Migration(String),
+    /// The work did not end within its deadline (`database.statement_timeout_ms`): it was
+    /// abandoned and its connection closed. Whether the server applied it is unknown.
+    #[error(
+        "no answer from the database within {} ms (database.statement_timeout_ms): abandoned, \
+         its connection closed",
+        .0.as_millis()
+    )]
+    TimedOut(std::time::Duration),
 }
 
 impl StoreError {
@@ -28,6 +36,25 @@ impl StoreError {
             _ => None,
         }
     }
+
+    /// Whether the failure says the session, not the work, is bad, so that retrying on it (or
+    /// on any session opened before it) is pointless: a deadline expired (a hung server or
+    /// network), or the server reported its own state — class 25 (a read-only session: a standby
+    /// or a demoted primary), 57P (shutting down, crashed, not accepting connections yet) or 53
+    /// (out of resources, too many connections).
+    pub fn is_session_fault(&self) -> bool {
+        match self {
+            StoreError::TimedOut(_) => true,
+            _ => self
+                .db_error()
+                .is_some_and(|db| is_server_state(db.code().code())),
+        }
+    }
+}
+
+/// SQLSTATEs that describe the server's state rather than the statement's.
+pub fn is_server_state(sqlstate: &str) -> bool {
+    sqlstate.starts_with("25") || sqlstate.starts_with("57P") || sqlstate.starts_with("53")
 }
 
 impl From<tokio_postgres::Error> for StoreError {
@@ -93,4 +120,25 @@ fn describe_db(db: &DbError) -> String {
         }
     }
     text.replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_only_shutdown_and_resource_states_are_server_states() {
+        for sqlstate in [
+            "25006", "25P02", "57P01", "57P02", "57P03", "53300", "53100",
+        ] {
+            assert!(is_server_state(sqlstate), "{sqlstate}");
+        }
+        // A constraint, a bad value, a missing table, a deadlock, a cancelled statement: about
+        // the work, not the session.
+        for sqlstate in ["23505", "22001", "42P01", "40P01", "57014", "08006"] {
+            assert!(!is_server_state(sqlstate), "{sqlstate}");
+        }
+        assert!(StoreError::TimedOut(std::time::Duration::from_secs(1)).is_session_fault());
+        assert!(!StoreError::Unavailable("down".into()).is_session_fault());
+    }
 }

@@ -13,4 +13,4 @@ pub mod verify;
 pub use database::{Database, connect_pool};
 pub use pool::{PgConnection, PgPool, StoreError};
 pub use repository::{PgHistoryRepository, PgTransaction};
-pub use target::{PgTls, describe_target};
+pub use target::{PgTls, SessionLimits, describe_target};

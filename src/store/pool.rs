@@ -2,28 +2,37 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bb8_postgres::PostgresConnectionManager;
 use postgres_openssl::MakeTlsConnector;
 use tokio_postgres::{Client, NoTls, Statement};
 
 pub use super::error::StoreError;
-use super::target::PgTls;
+use super::target::{PgTls, SessionLimits};
 
 /// The pool of connections to the History database. bb8 tells a caller only that no connection
 /// came in time; this pool also remembers why the last attempt to connect failed (the database
 /// does not exist, refuses, is shutting down), so that what is logged says so.
+///
+/// It also bounds the work done on its connections ([`PgPool::within_deadline`]) and replaces
+/// them when that work says the sessions are bad: see [`Generation`].
 #[derive(Clone)]
 pub struct PgPool {
     pool: bb8::Pool<PgManager>,
     last_connect_error: ConnectErrorSlot,
+    generation: Generation,
+    deadline: Duration,
 }
 
 impl PgPool {
     /// Builds the pool from `builder`, recording connection errors.
     pub(super) fn build(builder: bb8::Builder<PgManager>, manager: PgManager) -> Self {
         let last_connect_error = ConnectErrorSlot::default();
+        let generation = manager.generation.clone();
+        let deadline = manager.limits.statement_timeout;
         let pool = builder
             .error_sink(Box::new(last_connect_error.clone()))
             .connection_customizer(Box::new(last_connect_error.clone()))
@@ -31,17 +40,68 @@ impl PgPool {
         PgPool {
             pool,
             last_connect_error,
+            generation,
+            deadline,
         }
     }
 
+    /// A connection, never one of a retired generation (those are closed on the way).
     pub async fn get(&self) -> Result<bb8::PooledConnection<'_, PgManager>, StoreError> {
-        self.pool.get().await.map_err(|err| self.explain(err))
+        loop {
+            let conn = self.pool.get().await.map_err(|err| self.explain(err))?;
+            if !self.generation.is_retired(&conn) {
+                return Ok(conn);
+            }
+        }
     }
 
+    /// [`PgPool::get`], for holding the connection beyond the pool's borrow.
     pub async fn get_owned(&self) -> Result<bb8::PooledConnection<'static, PgManager>, StoreError> {
-        self.pool.get_owned().await.map_err(|err| self.explain(err))
+        loop {
+            let conn = self
+                .pool
+                .get_owned()
+                .await
+                .map_err(|err| self.explain(err))?;
+            if !self.generation.is_retired(&conn) {
+                return Ok(conn);
+            }
+        }
     }
 
+    /// The deadline of one transaction (`database.statement_timeout_ms`).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Runs `work` — a transaction, from taking its connection to its commit — under the
+    /// pool's deadline. When the deadline passes, the work is dropped where it waits: its
+    /// connection, inside a transaction, is poisoned and closed (see
+    /// [`PgTransaction`](super::PgTransaction)), and the error is [`StoreError::TimedOut`]. When
+    /// the work timed out or failed with a [session fault](StoreError::is_session_fault), every
+    /// connection opened before now is retired: a hung or read-only server makes all of its
+    /// sessions so, and the retry must run on a fresh one, not on the next stale one.
+    pub async fn within_deadline<T>(
+        &self,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let result = match tokio::time::timeout(self.deadline, work).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::TimedOut(self.deadline)),
+        };
+        if let Err(err) = &result {
+            if err.is_session_fault() {
+                self.retire_connections();
+            }
+        }
+        result
+    }
+
+    /// Retires every connection opened so far: idle ones are closed when next taken, those in
+    /// use when they are given back.
+    pub fn retire_connections(&self) {
+        self.generation.retire();
+    }
     fn explain(&self, err: bb8::RunError<tokio_postgres::Error>) -> StoreError {
         match (err, self.last_connect_error.get()) {
             (bb8::RunError::TimedOut, Some(reason)) => StoreError::Unavailable(format!(
@@ -49,6 +109,27 @@ impl PgPool {
             )),
             (err, _) => err.into(),
         }
+    }
+}
+
+/// Which connections may still be used. Every connection carries the generation it was opened
+/// in; retiring bumps the pool's generation, and a connection of an older one is closed rather
+/// than reused (bb8 asks [`PgManager::has_broken`] when it is given back; [`PgPool::get`] skips
+/// it when it is taken from the idle set, where bb8 would not look).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Generation(Arc<AtomicU64>);
+
+impl Generation {
+    fn current(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn retire(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn is_retired(&self, conn: &PgConnection) -> bool {
+        conn.generation < self.current()
     }
 }
 
@@ -89,6 +170,8 @@ pub struct PgConnection {
     /// Set when the connection may be left inside a transaction (a transaction dropped before
     /// Commit or Rollback finished). Such a connection is closed, never reused.
     pub(crate) poisoned: bool,
+    /// The pool's [`Generation`] when it was opened.
+    generation: u64,
 }
 
 impl PgConnection {
@@ -200,9 +283,12 @@ impl Statements {
     }
 }
 
-/// bb8-postgres's manager (plain or TLS), plus the prepared statements and the poisoned flag.
+/// bb8-postgres's manager (plain or TLS), plus the prepared statements, the poisoned flag and
+/// the generation.
 pub struct PgManager {
     inner: Manager,
+    limits: SessionLimits,
+    generation: Generation,
 }
 
 enum Manager {
@@ -224,23 +310,34 @@ enum Manager {
 pub const PLAN_CACHE_OPTION: &str = "-c plan_cache_mode=force_custom_plan";
 
 /// `config` with [`PLAN_CACHE_OPTION`] added to whatever options the URL already gives.
-pub fn with_plan_cache_option(mut config: tokio_postgres::Config) -> tokio_postgres::Config {
+pub fn with_plan_cache_option(config: tokio_postgres::Config) -> tokio_postgres::Config {
+    with_options(config, PLAN_CACHE_OPTION)
+}
+
+/// `config` with `added` after whatever options it already has (the later setting wins).
+fn with_options(mut config: tokio_postgres::Config, added: &str) -> tokio_postgres::Config {
     let options = match config.get_options() {
-        Some(existing) if !existing.trim().is_empty() => format!("{existing} {PLAN_CACHE_OPTION}"),
-        _ => PLAN_CACHE_OPTION.to_owned(),
+        Some(existing) if !existing.trim().is_empty() => format!("{existing} {added}"),
+        _ => added.to_owned(),
     };
     config.options(options);
     config
 }
 
 impl PgManager {
-    pub fn new(config: tokio_postgres::Config, tls: PgTls) -> Self {
-        let config = with_plan_cache_option(config);
+    /// Connections with [`PLAN_CACHE_OPTION`] and the server's side of `limits` as startup
+    /// options (a startup option cannot be lost to a rollback).
+    pub fn new(config: tokio_postgres::Config, tls: PgTls, limits: SessionLimits) -> Self {
+        let config = with_options(with_plan_cache_option(config), &limits.startup_options());
         let inner = match tls {
             PgTls::Plain => Manager::Plain(PostgresConnectionManager::new(config, NoTls)),
             PgTls::Tls(tls) => Manager::Tls(PostgresConnectionManager::new(config, tls)),
         };
-        PgManager { inner }
+        PgManager {
+            inner,
+            limits,
+            generation: Generation::default(),
+        }
     }
 }
 
@@ -249,6 +346,9 @@ impl bb8::ManageConnection for PgManager {
     type Error = tokio_postgres::Error;
 
     async fn connect(&self) -> Result<PgConnection, tokio_postgres::Error> {
+        // Read before connecting: a connection that was being opened while the pool retired its
+        // generation belongs to the retired one.
+        let generation = self.generation.current();
         let client = match &self.inner {
             Manager::Plain(manager) => manager.connect().await?,
             Manager::Tls(manager) => manager.connect().await?,
@@ -257,6 +357,7 @@ impl bb8::ManageConnection for PgManager {
             client,
             statements: None,
             poisoned: false,
+            generation,
         })
     }
 
@@ -265,6 +366,6 @@ impl bb8::ManageConnection for PgManager {
     }
 
     fn has_broken(&self, conn: &mut PgConnection) -> bool {
-        conn.poisoned || conn.client.is_closed()
+        conn.poisoned || conn.client.is_closed() || self.generation.is_retired(conn)
     }
 }

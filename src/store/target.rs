@@ -8,6 +8,7 @@
 //! start-up, so a bad URL or an unreadable password file fails there, naming its key.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use openssl::ssl::{SslConnector, SslMethod, SslVerifyMode};
 use postgres_openssl::MakeTlsConnector;
@@ -41,7 +42,23 @@ impl DatabaseSettings {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(self.connect_timeout());
         }
+        // A peer that vanishes (a hung or failed-over server, a dropped route) is noticed by
+        // the kernel: probes while idle, and a bound on unacknowledged data while busy.
+        config
+            .keepalives(true)
+            .keepalives_idle(self.keepalives_idle())
+            .keepalives_interval(self.keepalives_interval())
+            .keepalives_retries(self.keepalives_retries)
+            .tcp_user_timeout(self.tcp_user_timeout());
         Ok(config)
+    }
+
+    /// The deadlines of pooled sessions.
+    pub fn session_limits(&self) -> SessionLimits {
+        SessionLimits {
+            statement_timeout: self.statement_timeout(),
+            idle_in_transaction_timeout: self.idle_in_transaction_timeout(),
+        }
     }
 
     /// The database's address for logs: host, port and name, never the user's password.
@@ -50,6 +67,38 @@ impl DatabaseSettings {
             Ok(config) => describe_target(&config),
             Err(_) => "<invalid database.url>".to_owned(),
         }
+    }
+}
+
+/// How long a pooled session may wait on the server, and the server on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// The deadline of one transaction, client side (`tokio::time::timeout` around all of it;
+    /// the connection is then closed) and the server's `statement_timeout`.
+    pub statement_timeout: Duration,
+    /// The server's `idle_in_transaction_session_timeout`: a session its client left inside a
+    /// transaction (frozen, gone) ends, and its locks with it.
+    pub idle_in_transaction_timeout: Duration,
+}
+
+impl Default for SessionLimits {
+    /// The defaults of `config/default.toml` (a test checks they agree).
+    fn default() -> Self {
+        SessionLimits {
+            statement_timeout: Duration::from_secs(10),
+            idle_in_transaction_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl SessionLimits {
+    /// The startup options that set the server's side of these limits.
+    pub fn startup_options(&self) -> String {
+        format!(
+            "-c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+            self.statement_timeout.as_millis(),
+            self.idle_in_transaction_timeout.as_millis()
+        )
     }
 }
 
@@ -201,6 +250,35 @@ mod tests {
         let config = settings.postgres_config().unwrap();
         assert_eq!(config.get_password(), Some(&b"fromfile"[..]));
         std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn the_tcp_bounds_and_session_limits_come_from_the_settings() {
+        let defaults = database(&[]);
+        assert_eq!(defaults.session_limits(), SessionLimits::default());
+        let config = defaults.postgres_config().unwrap();
+        assert!(config.get_keepalives());
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(10));
+        assert_eq!(
+            config.get_keepalives_interval(),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(config.get_keepalives_retries(), Some(3));
+        assert_eq!(
+            config.get_tcp_user_timeout(),
+            Some(&Duration::from_secs(10))
+        );
+
+        let settings = database(&[
+            ("HISTORY__DATABASE__STATEMENT_TIMEOUT_MS", "2500"),
+            ("HISTORY__DATABASE__IDLE_IN_TRANSACTION_TIMEOUT_MS", "7000"),
+        ]);
+        let limits = settings.session_limits();
+        assert_eq!(limits.statement_timeout, Duration::from_millis(2500));
+        assert_eq!(
+            limits.startup_options(),
+            "-c statement_timeout=2500 -c idle_in_transaction_session_timeout=7000"
+        );
     }
 
     #[test]

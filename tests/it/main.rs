@@ -7,6 +7,7 @@ mod mock_kafka;
 mod bad_day;
 mod bench;
 mod cli;
+mod db_faults;
 mod dead_letter_topic;
 mod end_to_end;
 mod flow_control;

@@ -111,6 +111,10 @@ async fn tls_is_used_when_the_url_requires_it_and_verified_against_a_ca_file() {
         pool_size: 2,
         connect_timeout_ms: 3000,
         migrate_on_start: true,
+        // The built-in bounds of every wait.
+        ..history_service::config::Settings::read_from(None, Some(Default::default()))
+            .expect("the built-in settings are valid")
+            .database
     };
     let uses_tls = |client: tokio_postgres::Client| async move {
         let row = client

@@ -1,0 +1,312 @@
+//! The database failing without closing anything, end to end with the real binary and the
+//! service's default deadlines: connections that hang (a hung primary, a fail-over whose old
+//! address still acknowledges), reached through the kit's fault proxy; and a database that turns
+//! read-only (a fail-over onto a standby not yet promoted) and back. Issue 22's targets: the drain
+//! completes, exactly, within 30 s of a freeze of every open connection; 20 s read-only cost no
+//! record, dead-letter nothing, and the drain resumes within 5 s of the database becoming
+//! writable again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use history_devkit::fault_proxy::{Direction, FaultProxy};
+use history_devkit::test_app::TestApp;
+use history_devkit::test_db::server_address;
+use history_devkit::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
+use history_service::store::{Database, PgPool, SessionLimits, StoreError};
+
+use crate::common::{TestDb, admin_client};
+
+const PARTITIONS: i32 = 6;
+
+/// 40,000 records, a tenth of them redeliveries, over the partitions: a drain of some seconds.
+fn backlog(prefix: &str) -> Vec<PlannedRecord> {
+    workload::generate(&WorkloadSpec {
+        records: 40_000,
+        duplicates: 0.1,
+        poison: 0.0,
+        partitions: PARTITIONS,
+        id_prefix: prefix.into(),
+        tickets: 997,
+        max_payload_bytes: 65536,
+        seed: rand::random(),
+    })
+}
+
+/// Polls `rows` of the app's database until `done` holds for the count, within `timeout`;
+/// returns that count.
+async fn wait_count(app: &TestApp, timeout: Duration, done: impl Fn(i64) -> bool) -> i64 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let rows = app.db.count("history_events").await;
+        if done(rows) {
+            return rows;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{rows} rows, not as expected within {timeout:?}:\n{}",
+            app.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One round trip on a pooled connection, under the pool's deadline.
+async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    pool.within_deadline(async {
+        let conn = pool.get().await?;
+        conn.client.simple_query("SELECT 1").await?;
+        Ok(())
+    })
+    .await
+}
+
+#[actix_rt::test]
+async fn after_a_deadline_expires_no_connection_opened_before_it_is_used_again() {
+    let server = server_address()
+        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
+    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
+    let db = TestDb::create().await;
+    let mut database = Database::plain(db.url_via(proxy.addr()).parse().unwrap());
+    database.limits = SessionLimits {
+        statement_timeout: Duration::from_secs(1),
+        ..SessionLimits::default()
+    };
+    let pool = database.pool(3, Duration::from_secs(5));
+    // Three connections open, then idle in the pool.
+    let open: Vec<_> = futures::future::join_all((0..3).map(|_| pool.get())).await;
+    for conn in &open {
+        let conn = conn.as_ref().unwrap();
+        conn.client.simple_query("SELECT 1").await.unwrap();
+    }
+    drop(open);
+    assert_eq!(proxy.open_connections(), 3);
+    // The server holds each pooled session to the same limits.
+    let conn = pool.get().await.unwrap();
+    for (setting, expected) in [
+        ("statement_timeout", "1s"),
+        ("idle_in_transaction_session_timeout", "1min"),
+        ("plan_cache_mode", "force_custom_plan"),
+    ] {
+        let rows = conn
+            .client
+            .simple_query(&format!("SHOW {setting}"))
+            .await
+            .unwrap();
+        let value = rows.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        });
+        assert_eq!(value.as_deref(), Some(expected), "{setting}");
+    }
+    drop(conn);
+
+    assert_eq!(proxy.freeze_open(Direction::Both), 3);
+    let started = Instant::now();
+    let hung = ping(&pool).await;
+    assert!(matches!(hung, Err(StoreError::TimedOut(_))), "{hung:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    // Each later round trip runs on a fresh session, not on the next frozen one.
+    for _ in 0..3 {
+        let started = Instant::now();
+        ping(&pool).await.expect("a fresh connection answers");
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert!(proxy.accepted() > 3, "no new connection was made");
+}
+
+#[actix_rt::test]
+async fn frozen_database_connections_are_abandoned_at_their_deadline_and_the_drain_completes_exactly()
+ {
+    let server = server_address()
+        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
+    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
+    let db = Arc::new(TestDb::migrated().await);
+    let url = db.url_via(proxy.addr());
+    // Every deadline at its default: the target is for an unconfigured service.
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = PARTITIONS;
+        o.database = Some(db.clone());
+        o.env("HISTORY__DATABASE__URL", &url);
+    })
+    .await;
+    let records = backlog("frozen");
+    let distinct = distinct_events(&records) as i64;
+    app.produce(&records).await;
+    app.start();
+
+    wait_count(&app, Duration::from_secs(60), |rows| rows >= distinct / 4).await;
+    let frozen = proxy.freeze_open(Direction::Both);
+    let froze_at = Instant::now();
+    let rows_at_freeze = db.count("history_events").await;
+    assert!(frozen > 0, "no database connection was open to freeze");
+    assert!(
+        rows_at_freeze < distinct,
+        "the drain ended before the freeze: nothing was tested"
+    );
+
+    // The drain completes, exactly, within 30 s of the freeze (new connections go through).
+    let committed = app.wait_committed(Duration::from_secs(30)).await;
+    let drained_in = froze_at.elapsed();
+    assert!(drained_in <= Duration::from_secs(30), "{drained_in:?}");
+    assert_eq!(
+        committed,
+        app.ends().await.into_iter().map(Some).collect::<Vec<_>>()
+    );
+    assert_eq!(db.count("history_events").await, distinct);
+    assert_eq!(db.count("inbox").await, distinct);
+    assert_eq!(db.count("dead_letters").await, 0);
+
+    // Loud: the write that hung is named, with its partitions and age, and counted.
+    let line = app
+        .wait_for_log(
+            &[
+                "write did not return within its deadline",
+                "writer=",
+                "partitions=",
+                "age_ms=",
+            ],
+            Duration::from_secs(1),
+        )
+        .await;
+    let timeouts = app.metrics().await.get("history_db_timeouts_total");
+    assert!(timeouts >= Some(1.0), "{timeouts:?}");
+    eprintln!(
+        "froze {frozen} connections at {rows_at_freeze} of {distinct} rows; the drain completed \
+         {drained_in:?} after the freeze; {timeouts:?} timeouts; {line}"
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+#[actix_rt::test]
+async fn a_database_read_only_for_20_s_costs_no_record_and_the_drain_resumes_within_5_s() {
+    // The default backoff (up to 10 s between attempts): its longest wait must not hold the
+    // resume back.
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = PARTITIONS;
+        o.env("HISTORY__PIPELINE__RETRY_MAX_MS", "10000");
+    })
+    .await;
+    let records = backlog("read-only");
+    let distinct = distinct_events(&records) as i64;
+    app.produce(&records).await;
+    app.start();
+    wait_count(&app, Duration::from_secs(60), |rows| rows >= distinct / 4).await;
+
+    // A fail-over onto a standby: every session cut, and the new ones read-only.
+    let admin = admin_client().await;
+    let name = app.db.name.clone();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_read_only = on"
+        ))
+        .await
+        .unwrap();
+    app.db.terminate_backends().await;
+    app.wait_for_log(&["25006", "read-only"], Duration::from_secs(20))
+        .await;
+    let read_only_since = Instant::now();
+    let rows_read_only = app.db.count("history_events").await;
+    assert!(
+        rows_read_only < distinct,
+        "the drain ended before the fault"
+    );
+    // Nothing is written while the database is read-only (checked all along, for 20 s).
+    while read_only_since.elapsed() < Duration::from_secs(20) {
+        assert_eq!(app.db.count("history_events").await, rows_read_only);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} RESET default_transaction_read_only"
+        ))
+        .await
+        .unwrap();
+    let writable_at = Instant::now();
+    wait_count(&app, Duration::from_secs(5), |rows| rows > rows_read_only).await;
+    let resumed_in = writable_at.elapsed();
+
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(app.db.count("history_events").await, distinct);
+    assert_eq!(app.db.count("inbox").await, distinct);
+    assert_eq!(app.db.count("dead_letters").await, 0);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metrics.value("history_events_total", &[("outcome", "dead_letter")]),
+        Some(0.0)
+    );
+    eprintln!(
+        "read-only at {rows_read_only} of {distinct} rows for 20 s; the drain resumed \
+         {resumed_in:?} after the database became writable"
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+#[actix_rt::test]
+async fn a_database_that_never_answers_makes_the_service_unready_naming_the_deadline_until_it_does()
+{
+    let server = server_address()
+        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
+    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
+    let db = Arc::new(TestDb::migrated().await);
+    let url = db.url_via(proxy.addr());
+    // Short bounds, so that it takes seconds: a deadline of 1 s (below the 5 s a connection may
+    // take to open, so every failure is the deadline's) and unready after 3 s of failures.
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = PARTITIONS;
+        o.database = Some(db.clone());
+        o.env("HISTORY__DATABASE__URL", &url)
+            .env("HISTORY__DATABASE__STATEMENT_TIMEOUT_MS", "1000")
+            .env("HISTORY__PIPELINE__UNREADY_AFTER_FAILING_MS", "3000");
+    })
+    .await;
+    let records = backlog("hung");
+    let distinct = distinct_events(&records) as i64;
+    app.produce(&records).await;
+    app.start();
+    wait_count(&app, Duration::from_secs(60), |rows| rows >= distinct / 4).await;
+
+    // The server hangs: what is open stops answering, and so does whatever opens next.
+    proxy.freeze_new(true);
+    proxy.freeze_open(Direction::Both);
+    let rows_hung = db.count("history_events").await;
+    assert!(rows_hung < distinct, "the drain ended before the fault");
+    let (_, reason) = app
+        .wait_for_answer("/readyz", Duration::from_secs(20), |status, body| {
+            status == 503 && body.contains("every write has failed")
+        })
+        .await;
+    assert!(
+        reason.contains("no answer from the database within 1000 ms"),
+        "{reason}"
+    );
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(10), |m| {
+            m.get("history_ready") == Some(0.0)
+        })
+        .await;
+    let timeouts = metrics.get("history_db_timeouts_total");
+    assert!(timeouts >= Some(3.0), "{timeouts:?}");
+
+    // The server is back (its hung sessions gone): ready again, and the drain completes.
+    proxy.freeze_new(false);
+    proxy.reset_all();
+    app.wait_for_answer("/readyz", Duration::from_secs(20), |status, _| {
+        status == 200
+    })
+    .await;
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(db.count("history_events").await, distinct);
+    assert_eq!(db.count("dead_letters").await, 0);
+    eprintln!("unready while hung: {reason}; {timeouts:?} timeouts");
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
