@@ -96,6 +96,22 @@ struct Track {
     next: Option<i64>,
     /// Jumps not yet judged.
     jumps: Vec<Jump>,
+    /// Jumps not kept because [`MAX_UNJUDGED_JUMPS`] were waiting.
+    dropped: u64,
+}
+
+/// Most jumps of one partition kept for judging while a lookup waits on the broker: gaps
+/// (compaction, transaction markers) can come with every fetch, and the wait can be long.
+const MAX_UNJUDGED_JUMPS: usize = 4096;
+
+impl Track {
+    fn push(&mut self, jump: Jump) {
+        if self.jumps.len() < MAX_UNJUDGED_JUMPS {
+            self.jumps.push(jump);
+        } else {
+            self.dropped += 1;
+        }
+    }
 }
 
 /// Follows the offsets of the assigned partitions and collects the jumps to judge.
@@ -119,6 +135,7 @@ impl Detector {
                 first: None,
                 next: None,
                 jumps: Vec::new(),
+                dropped: 0,
             },
         );
     }
@@ -141,7 +158,7 @@ impl Detector {
             return;
         };
         match track.first {
-            Some(first) if first > committed => track.jumps.push(Jump {
+            Some(first) if first > committed => track.push(Jump {
                 kind: JumpKind::AtAssignment,
                 expected: committed,
                 resumed: first,
@@ -163,7 +180,7 @@ impl Detector {
                 } else {
                     JumpKind::InStream
                 };
-                track.jumps.push(Jump {
+                track.push(Jump {
                     kind,
                     expected: next,
                     resumed: span.first,
@@ -171,13 +188,13 @@ impl Detector {
             }
         }
         track.first.get_or_insert(span.first);
-        track
-            .jumps
-            .extend(span.gaps.iter().map(|&(expected, resumed)| Jump {
+        for &(expected, resumed) in &span.gaps {
+            track.push(Jump {
                 kind: JumpKind::InStream,
                 expected,
                 resumed,
-            }));
+            });
+        }
         track.next = Some(span.last + 1);
     }
 
@@ -194,8 +211,26 @@ impl Detector {
         self.partitions
             .iter_mut()
             .filter(|(_, track)| !track.jumps.is_empty())
-            .map(|(tp, track)| (tp.clone(), track.epoch, std::mem::take(&mut track.jumps)))
+            .map(|(tp, track)| {
+                if track.dropped > 0 {
+                    tracing::warn!(
+                        partition = %tp,
+                        dropped = track.dropped,
+                        "offset jumps not judged: more than {MAX_UNJUDGED_JUMPS} waited for one \
+                         lookup of the log start; an offset reset among them would go unreported"
+                    );
+                    track.dropped = 0;
+                }
+                (tp.clone(), track.epoch, std::mem::take(&mut track.jumps))
+            })
             .collect()
+    }
+
+    /// Whether any jump waits to be judged.
+    pub fn has_jumps(&self) -> bool {
+        self.partitions
+            .values()
+            .any(|track| !track.jumps.is_empty())
     }
 
     fn track(&mut self, tp: &TopicPartition, epoch: Epoch) -> Option<&mut Track> {

@@ -8,8 +8,7 @@
 //! process can commit anything for it (records are fetched, written, then committed at the
 //! next commit interval), so the answer is the position the assignment started from.
 
-use std::sync::Weak;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
@@ -24,87 +23,113 @@ use crate::metrics;
 /// Longest wait for the broker's answer to one lookup.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-enum Note {
-    Assigned(Vec<(TopicPartition, Epoch)>),
-    Revoked(Vec<(TopicPartition, Epoch)>),
-    Records(TopicPartition, Epoch, Span),
+/// What the supervisor reported and the thread has not acted on. The supervisor applies its
+/// reports to the detector here at once, so nothing queues up while a lookup waits on the
+/// broker: what grows meanwhile is at most the jumps found (bounded by the detector).
+#[derive(Default)]
+struct Pending {
+    detector: Detector,
+    /// Assignments whose committed offsets are still to be looked up.
+    assigned: Vec<(TopicPartition, Epoch)>,
+    /// The supervisor is gone: the thread ends.
+    closed: bool,
 }
+
+type Shared = Arc<(Mutex<Pending>, Condvar)>;
 
 /// The supervisor's handle on the checking thread. The thread ends when this is dropped.
 pub struct ResetWatch {
-    notes: Sender<Note>,
+    shared: Shared,
 }
 
 impl ResetWatch {
     /// Starts the thread. It holds the consumer only while it calls the broker, so closing the
     /// consumer is not held up by it.
     pub fn start(consumer: Weak<HistoryConsumer>) -> Self {
-        let (notes, receiver) = mpsc::channel();
+        let shared: Shared = Arc::default();
         std::thread::Builder::new()
             .name("history-resets".into())
-            .spawn(move || run(consumer, receiver))
+            .spawn({
+                let shared = shared.clone();
+                move || run(consumer, shared)
+            })
             .expect("cannot start the offset-reset thread");
-        ResetWatch { notes }
+        ResetWatch { shared }
+    }
+
+    fn report(&self, apply: impl FnOnce(&mut Pending)) {
+        let (pending, wake) = &*self.shared;
+        apply(&mut pending.lock().unwrap());
+        wake.notify_one();
     }
 
     pub fn assigned(&self, partitions: &[(TopicPartition, Epoch)]) {
-        let _ = self.notes.send(Note::Assigned(partitions.to_vec()));
+        self.report(|pending| {
+            for (tp, epoch) in partitions {
+                // Declared at 0, so that the first reset is an increase to Prometheus.
+                metrics::init_offset_resets(tp);
+                pending.detector.assigned(tp.clone(), *epoch);
+                pending.assigned.push((tp.clone(), *epoch));
+            }
+        });
     }
 
     pub fn revoked(&self, partitions: &[(TopicPartition, Epoch)]) {
-        let _ = self.notes.send(Note::Revoked(partitions.to_vec()));
+        self.report(|pending| {
+            for (tp, epoch) in partitions {
+                pending.detector.revoked(tp, *epoch);
+            }
+        });
     }
 
     /// A run of records of one assignment, about to be processed, in offset order.
     pub fn records<T>(&self, tp: &TopicPartition, epoch: Epoch, records: &[(Record, T)]) {
         if let Some(span) = Span::of(records.iter().map(|(record, _)| record.offset)) {
-            let _ = self.notes.send(Note::Records(tp.clone(), epoch, span));
+            self.report(|pending| pending.detector.observed(tp, epoch, &span));
         }
     }
 }
 
-fn run(consumer: Weak<HistoryConsumer>, notes: Receiver<Note>) {
-    let mut detector = Detector::new();
-    while let Ok(note) = notes.recv() {
-        let mut assigned = Vec::new();
-        apply(&mut detector, note, &mut assigned);
-        while let Ok(note) = notes.try_recv() {
-            apply(&mut detector, note, &mut assigned);
-        }
-        assigned.retain(|(tp, epoch)| detector.start_unknown(tp, *epoch));
+impl Drop for ResetWatch {
+    fn drop(&mut self) {
+        self.report(|pending| pending.closed = true);
+    }
+}
+
+fn run(consumer: Weak<HistoryConsumer>, shared: Shared) {
+    let (pending, wake) = &*shared;
+    loop {
+        let (mut assigned, jumps) = {
+            let mut pending = pending.lock().unwrap();
+            loop {
+                if pending.closed {
+                    return;
+                }
+                if !pending.assigned.is_empty() || pending.detector.has_jumps() {
+                    break;
+                }
+                pending = wake.wait(pending).unwrap();
+            }
+            let assigned = std::mem::take(&mut pending.assigned);
+            (assigned, pending.detector.take_jumps())
+        };
+        assigned.retain(|(tp, epoch)| pending.lock().unwrap().detector.start_unknown(tp, *epoch));
         if !assigned.is_empty() {
             let Some(consumer) = consumer.upgrade() else {
                 return;
             };
-            for (tp, epoch, committed) in committed_offsets(&consumer, &assigned) {
-                detector.started(&tp, epoch, committed);
+            let started = committed_offsets(&consumer, &assigned);
+            let mut pending = pending.lock().unwrap();
+            for (tp, epoch, committed) in started {
+                pending.detector.started(&tp, epoch, committed);
             }
         }
-        for (tp, _, jumps) in detector.take_jumps() {
+        for (tp, _, jumps) in jumps {
             let Some(consumer) = consumer.upgrade() else {
                 return;
             };
             check(&consumer, &tp, &jumps);
         }
-    }
-}
-
-fn apply(detector: &mut Detector, note: Note, assigned: &mut Vec<(TopicPartition, Epoch)>) {
-    match note {
-        Note::Assigned(partitions) => {
-            for (tp, epoch) in partitions {
-                // Declared at 0, so that the first reset is an increase to Prometheus.
-                metrics::init_offset_resets(&tp);
-                detector.assigned(tp.clone(), epoch);
-                assigned.push((tp, epoch));
-            }
-        }
-        Note::Revoked(partitions) => {
-            for (tp, epoch) in partitions {
-                detector.revoked(&tp, epoch);
-            }
-        }
-        Note::Records(tp, epoch, span) => detector.observed(&tp, epoch, &span),
     }
 }
 
