@@ -132,19 +132,21 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
         let finished = finished.clone();
         async move {
             let outcome = done.await;
-            *finished.lock().unwrap() = Some(outcome);
+            // The final commit was seen now; the stop that follows is not part of the drain.
+            *finished.lock().unwrap() = Some((outcome, Instant::now()));
         }
     };
     let report = app::run_with(&settings, shutdown, handles.clone()).await?;
-    let elapsed = match handles.stats.get().and_then(|s| s.first_fetch.get()) {
-        Some(first_fetch) => first_fetch.elapsed().min(started.elapsed()),
-        None => started.elapsed(),
-    };
-    let committed = finished
+    let (committed, committed_at) = finished
         .lock()
         .unwrap()
         .take()
-        .unwrap_or(Err(DevError::Timeout(options.timeout)))?;
+        .unwrap_or((Err(DevError::Timeout(options.timeout)), Instant::now()));
+    let committed = committed?;
+    let elapsed = match handles.stats.get().and_then(|s| s.first_fetch.get()) {
+        Some(first_fetch) => committed_at.saturating_duration_since(*first_fetch),
+        None => committed_at - started,
+    };
 
     let mut client = migrate::connect(&database.config).await?;
     migrate::run_migrations(&mut client).await?;

@@ -135,6 +135,7 @@ pub async fn wait_committed(
             });
         }
         between();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Short: the demo times its drain to the moment this sees the final commit.
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
