@@ -93,7 +93,22 @@ pub struct KafkaSettings {
     pub group_id: String,
     pub topics: Vec<String>,
     pub client_id: String,
-    pub session_timeout_ms: u64,
+    /// The consumer group protocol: Kafka's `classic` one, or KIP-848's `consumer` (the broker
+    /// assigns partitions; Kafka 4.0 and later).
+    pub group_protocol: GroupProtocol,
+    /// The broker's assignor under the `consumer` protocol (`uniform`, `range`); empty for the
+    /// broker's default. Refused under `classic`.
+    pub remote_assignor: String,
+    /// A stable id of this replica in its group (KIP-345 static membership); empty for a
+    /// dynamic member.
+    pub group_instance_id: String,
+    /// The classic protocol's session timeout. Optional so that setting it under the `consumer`
+    /// protocol (where the broker owns it) is told apart from the default and refused.
+    #[serde(default)]
+    pub session_timeout_ms: Option<u64>,
+    /// How often the client refreshes topic metadata (`topic.metadata.refresh.interval.ms`):
+    /// the bound on how soon a topic created later, or partitions added to one, are consumed.
+    pub metadata_refresh_ms: u64,
     pub revoke_timeout_ms: u64,
     pub statistics_interval_ms: u64,
     pub fetch_wait_max_ms: u64,
@@ -108,6 +123,60 @@ pub struct KafkaSettings {
     #[serde(default)]
     pub property_files: BTreeMap<String, String>,
 }
+
+/// The consumer group protocol (`kafka.group_protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    /// Kafka's original protocol: the group's leader assigns, the members rebalance together
+    /// (cooperatively by default).
+    Classic,
+    /// KIP-848 (GA in Kafka 4.0): the broker assigns, each member reconciles on its own
+    /// heartbeat; the session timeout, heartbeat interval and assignor are the broker's.
+    Consumer,
+}
+
+impl GroupProtocol {
+    /// The name librdkafka's `group.protocol` and the metrics use.
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupProtocol::Classic => "classic",
+            GroupProtocol::Consumer => "consumer",
+        }
+    }
+}
+
+/// The session timeout of the classic protocol when `kafka.session_timeout_ms` is not set.
+pub const DEFAULT_SESSION_TIMEOUT_MS: u64 = 10_000;
+
+/// librdkafka properties the `consumer` protocol refuses (the broker owns them), with what to
+/// do instead.
+const NOT_UNDER_CONSUMER: [(&str, &str); 4] = [
+    (
+        "session.timeout.ms",
+        "the broker sets it (group.consumer.session.timeout.ms)",
+    ),
+    (
+        "heartbeat.interval.ms",
+        "the broker sets it (group.consumer.heartbeat.interval.ms)",
+    ),
+    (
+        "partition.assignment.strategy",
+        "the broker assigns; choose its assignor with kafka.remote_assignor",
+    ),
+    ("group.protocol.type", "it belongs to the classic protocol"),
+];
+
+/// librdkafka properties that have a key of their own, which validation checks.
+const OWN_KEYS: [(&str, &str); 4] = [
+    ("group.protocol", "kafka.group_protocol"),
+    ("group.remote.assignor", "kafka.remote_assignor"),
+    ("group.instance.id", "kafka.group_instance_id"),
+    (
+        "topic.metadata.refresh.interval.ms",
+        "kafka.metadata_refresh_ms",
+    ),
+];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -239,7 +308,7 @@ impl Settings {
                 "must list at least one topic, none empty",
             ));
         }
-        positive("kafka.session_timeout_ms", kafka.session_timeout_ms)?;
+        kafka.validate_group()?;
         positive("kafka.revoke_timeout_ms", kafka.revoke_timeout_ms)?;
         positive("kafka.error_log_interval_ms", kafka.error_log_interval_ms)?;
 
@@ -307,6 +376,16 @@ impl Settings {
 fn positive(key: &'static str, value: u64) -> Result<(), ConfigError> {
     if value == 0 {
         return Err(ConfigError::invalid(key, "must be greater than 0"));
+    }
+    Ok(())
+}
+
+fn bounded_ms(key: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if !(min..=max).contains(&value) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{value} is out of range {min}..={max}"),
+        ));
     }
     Ok(())
 }
@@ -503,8 +582,102 @@ impl KafkaSettings {
         }
     }
 
+    /// The classic protocol's session timeout: the configured one or the default. (Under the
+    /// `consumer` protocol the broker's applies; validation refuses a configured one.)
     pub fn session_timeout(&self) -> Duration {
-        Duration::from_millis(self.session_timeout_ms)
+        Duration::from_millis(
+            self.session_timeout_ms
+                .unwrap_or(DEFAULT_SESSION_TIMEOUT_MS),
+        )
+    }
+
+    /// Whether this replica is a static member of its group (`kafka.group_instance_id`).
+    pub fn is_static_member(&self) -> bool {
+        !self.group_instance_id.is_empty()
+    }
+
+    /// Checks the group settings against the chosen protocol: a setting that does not apply
+    /// to it is refused, naming the key and why, rather than dropped.
+    fn validate_group(&self) -> Result<(), ConfigError> {
+        let passed_through = |key: &str| {
+            if self.property_files.contains_key(key) {
+                Some(format!("kafka.property_files.{key}"))
+            } else if self.properties.contains_key(key) {
+                Some(format!("kafka.properties.{key}"))
+            } else {
+                None
+            }
+        };
+        for (property, own) in OWN_KEYS {
+            if let Some(key) = passed_through(property) {
+                return Err(ConfigError::InvalidProperty {
+                    key,
+                    reason: format!("set it with `{own}`, which is checked at start-up"),
+                });
+            }
+        }
+        match self.group_protocol {
+            GroupProtocol::Classic => {
+                if !self.remote_assignor.is_empty() {
+                    return Err(ConfigError::invalid(
+                        "kafka.remote_assignor",
+                        "applies only to kafka.group_protocol = \"consumer\" (under \"classic\" \
+                         the group's leader assigns: partition.assignment.strategy)",
+                    ));
+                }
+                if let Some(timeout) = self.session_timeout_ms {
+                    bounded_ms("kafka.session_timeout_ms", timeout, 1, i32::MAX as u64)?;
+                }
+            }
+            GroupProtocol::Consumer => {
+                if self.session_timeout_ms.is_some() {
+                    return Err(ConfigError::invalid(
+                        "kafka.session_timeout_ms",
+                        "does not apply to kafka.group_protocol = \"consumer\": the broker sets \
+                         the session timeout (group.consumer.session.timeout.ms); remove it",
+                    ));
+                }
+                for (property, why) in NOT_UNDER_CONSUMER {
+                    if let Some(key) = passed_through(property) {
+                        return Err(ConfigError::InvalidProperty {
+                            key,
+                            reason: format!(
+                                "does not apply to kafka.group_protocol = \"consumer\": {why}"
+                            ),
+                        });
+                    }
+                }
+                if self.remote_assignor.trim() != self.remote_assignor
+                    || self.remote_assignor.contains(char::is_whitespace)
+                {
+                    return Err(ConfigError::invalid(
+                        "kafka.remote_assignor",
+                        "must be an assignor's name (e.g. uniform, range), or empty for the \
+                         broker's default",
+                    ));
+                }
+            }
+        }
+        // Kafka's rule for group.instance.id: at most 249 of [a-zA-Z0-9._-].
+        if self.group_instance_id.len() > 249
+            || !self
+                .group_instance_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(ConfigError::invalid(
+                "kafka.group_instance_id",
+                "must be at most 249 characters of a-z, A-Z, 0-9, '.', '_' and '-' (a pod name \
+                 is), or empty for a dynamic member",
+            ));
+        }
+        bounded_ms(
+            "kafka.metadata_refresh_ms",
+            self.metadata_refresh_ms,
+            1000,
+            3_600_000,
+        )?;
+        Ok(())
     }
 
     pub fn revoke_timeout(&self) -> Duration {
@@ -885,6 +1058,132 @@ mod tests {
         );
         assert_eq!(redact("nothing here", ["", "secret"]), "nothing here");
         assert!(!redact("a ***** b", ["****"]).contains("****"));
+    }
+
+    /// The key and the reason of a refused setting.
+    fn refusal(result: Result<Settings, ConfigError>) -> (String, String) {
+        match result {
+            Err(ConfigError::Invalid { key, reason }) => (key.to_owned(), reason),
+            Err(ConfigError::InvalidProperty { key, reason }) => (key, reason),
+            other => panic!("expected a refused setting, got {other:?}"),
+        }
+    }
+
+    const CONSUMER: (&str, &str) = ("HISTORY__KAFKA__GROUP_PROTOCOL", "consumer");
+
+    #[test]
+    fn the_group_protocol_is_classic_unless_chosen_and_nothing_else_is_allowed() {
+        let settings = read(&[]).unwrap();
+        assert_eq!(settings.kafka.group_protocol, GroupProtocol::Classic);
+        assert_eq!(settings.kafka.session_timeout_ms, None);
+        assert_eq!(
+            settings.kafka.session_timeout(),
+            Duration::from_millis(DEFAULT_SESSION_TIMEOUT_MS)
+        );
+        assert!(!settings.kafka.is_static_member());
+        assert_eq!(settings.kafka.metadata_refresh_ms, 10_000);
+        let settings = read(&[CONSUMER, ("HISTORY__KAFKA__REMOTE_ASSIGNOR", "range")]).unwrap();
+        assert_eq!(settings.kafka.group_protocol, GroupProtocol::Consumer);
+        assert_eq!(settings.kafka.remote_assignor, "range");
+        let err = read(&[("HISTORY__KAFKA__GROUP_PROTOCOL", "next")]).unwrap_err();
+        assert!(err.to_string().contains("group_protocol"), "{err}");
+    }
+
+    #[test]
+    fn settings_the_consumer_protocol_leaves_to_the_broker_are_refused_with_it() {
+        let (key, reason) = refusal(read(&[
+            CONSUMER,
+            ("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "10000"),
+        ]));
+        assert_eq!(key, "kafka.session_timeout_ms");
+        assert!(reason.contains("the broker sets"), "{reason}");
+        for (variable, key) in [
+            (
+                "HISTORY__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS",
+                "kafka.properties.session.timeout.ms",
+            ),
+            (
+                "HISTORY__KAFKA__PROPERTIES__HEARTBEAT_INTERVAL_MS",
+                "kafka.properties.heartbeat.interval.ms",
+            ),
+            (
+                "HISTORY__KAFKA__PROPERTIES__PARTITION_ASSIGNMENT_STRATEGY",
+                "kafka.properties.partition.assignment.strategy",
+            ),
+            (
+                "HISTORY__KAFKA__PROPERTIES__GROUP_PROTOCOL_TYPE",
+                "kafka.properties.group.protocol.type",
+            ),
+        ] {
+            let (refused, reason) = refusal(read(&[CONSUMER, (variable, "1")]));
+            assert_eq!(refused, key);
+            assert!(reason.contains("does not apply"), "{reason}");
+            // The same under classic is a plain librdkafka property.
+            read(&[(variable, "3000")])
+                .map(|_| ())
+                .unwrap_or_else(|err| {
+                    assert!(!err.to_string().contains("does not apply"), "{err}")
+                });
+        }
+    }
+
+    #[test]
+    fn settings_the_classic_protocol_has_no_use_for_are_refused_with_it() {
+        let (key, reason) = refusal(read(&[("HISTORY__KAFKA__REMOTE_ASSIGNOR", "uniform")]));
+        assert_eq!(key, "kafka.remote_assignor");
+        assert!(reason.contains("only to"), "{reason}");
+        let settings = read(&[("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "6000")]).unwrap();
+        assert_eq!(settings.kafka.session_timeout(), Duration::from_secs(6));
+        assert_eq!(
+            refusal(read(&[("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "0")])).0,
+            "kafka.session_timeout_ms"
+        );
+    }
+
+    #[test]
+    fn group_settings_with_keys_of_their_own_are_refused_as_pass_through_properties() {
+        for (variable, key, own) in [
+            (
+                "HISTORY__KAFKA__PROPERTIES__GROUP_PROTOCOL",
+                "kafka.properties.group.protocol",
+                "kafka.group_protocol",
+            ),
+            (
+                "HISTORY__KAFKA__PROPERTIES__GROUP_INSTANCE_ID",
+                "kafka.properties.group.instance.id",
+                "kafka.group_instance_id",
+            ),
+            (
+                "HISTORY__KAFKA__PROPERTIES__TOPIC_METADATA_REFRESH_INTERVAL_MS",
+                "kafka.properties.topic.metadata.refresh.interval.ms",
+                "kafka.metadata_refresh_ms",
+            ),
+        ] {
+            let (refused, reason) = refusal(read(&[(variable, "x")]));
+            assert_eq!(refused, key);
+            assert!(reason.contains(own), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_group_instance_id_is_a_pod_name_or_nothing() {
+        let settings = read(&[(
+            "HISTORY__KAFKA__GROUP_INSTANCE_ID",
+            "history-service-7d9f8c-x2k4p",
+        )])
+        .unwrap();
+        assert!(settings.kafka.is_static_member());
+        for bad in ["two words", "a/b", &"x".repeat(250)] {
+            assert_eq!(
+                refusal(read(&[("HISTORY__KAFKA__GROUP_INSTANCE_ID", bad)])).0,
+                "kafka.group_instance_id",
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            refusal(read(&[("HISTORY__KAFKA__METADATA_REFRESH_MS", "10")])).0,
+            "kafka.metadata_refresh_ms"
+        );
     }
 
     fn tempfile() -> (std::path::PathBuf, std::fs::File) {

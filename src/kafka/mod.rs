@@ -25,7 +25,7 @@ use secrecy::ExposeSecret;
 
 pub use context::{RebalanceEvent, SupervisorContext};
 
-use crate::config::{ConfigError, KafkaSettings};
+use crate::config::{ConfigError, GroupProtocol, KafkaSettings};
 use crate::domain::budget::{Held, Split};
 use crate::domain::{Record, TopicPartition};
 use intake::Intake;
@@ -98,7 +98,6 @@ pub fn consumer_config(
     budget: &Split,
 ) -> Result<ClientConfig, ConfigError> {
     let mut config = ClientConfig::new();
-    let session_timeout = settings.session_timeout_ms;
     let or_budget = |explicit: u64, derived: usize| match explicit {
         0 => derived.to_string(),
         explicit => explicit.to_string(),
@@ -113,10 +112,11 @@ pub fn consumer_config(
         // must not skip history.
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
-        .set("session.timeout.ms", session_timeout.to_string())
+        // A topic created later, or partitions added to one, are seen within this (librdkafka's
+        // default is 5 minutes).
         .set(
-            "heartbeat.interval.ms",
-            (session_timeout / 3).clamp(1, 3000).to_string(),
+            "topic.metadata.refresh.interval.ms",
+            settings.metadata_refresh_ms.to_string(),
         )
         .set(
             "statistics.interval.ms",
@@ -142,10 +142,34 @@ pub fn consumer_config(
         // With the prefetch bounded, a partition whose queue is full is fetched again as soon
         // as it drains; librdkafka's default (1 s) idles the consumer during a backlog.
         .set("fetch.queue.backoff.ms", "10")
-        // Incremental cooperative rebalancing: a member joining or leaving revokes only the
-        // partitions that move, and the others keep flowing. `kafka.properties` may override
-        // it (e.g. `range,roundrobin` for an eager group); every rebalance path works with both.
-        .set("partition.assignment.strategy", "cooperative-sticky");
+        .set("group.protocol", settings.group_protocol.name());
+    if settings.is_static_member() {
+        config.set("group.instance.id", &settings.group_instance_id);
+    }
+    match settings.group_protocol {
+        GroupProtocol::Classic => {
+            let session_timeout = settings.session_timeout().as_millis() as u64;
+            config
+                .set("session.timeout.ms", session_timeout.to_string())
+                .set(
+                    "heartbeat.interval.ms",
+                    (session_timeout / 3).clamp(1, 3000).to_string(),
+                )
+                // Incremental cooperative rebalancing: a member joining or leaving revokes only
+                // the partitions that move, and the others keep flowing. `kafka.properties` may
+                // override it (e.g. `range,roundrobin` for an eager group); every rebalance path
+                // works with both.
+                .set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        // The broker owns the session timeout, the heartbeat interval and the assignment
+        // (librdkafka refuses the first three here); assignments arrive incrementally, and
+        // the client reports its rebalance protocol as cooperative.
+        GroupProtocol::Consumer => {
+            if !settings.remote_assignor.is_empty() {
+                config.set("group.remote.assignor", &settings.remote_assignor);
+            }
+        }
+    }
     for (key, value) in settings.librdkafka_properties()? {
         config.set(key, value.expose_secret());
     }
@@ -291,4 +315,69 @@ fn intern(known: &mut Vec<TopicPartition>, topic: &str, partition: i32) -> Topic
     let tp = TopicPartition::new(topic, partition);
     known.push(tp.clone());
     tp
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use rdkafka::consumer::BaseConsumer;
+
+    use super::*;
+    use crate::config::Settings;
+
+    fn config(pairs: &[(&str, &str)]) -> ClientConfig {
+        let environment: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let settings = Settings::read_from(None, Some(environment)).unwrap();
+        consumer_config(&settings.kafka, &settings.pipeline.budget()).unwrap()
+    }
+
+    /// librdkafka checks the properties against each other only when a client is created.
+    fn accepted_by_librdkafka(config: &ClientConfig) {
+        if let Err(err) = config.create::<BaseConsumer>() {
+            panic!("librdkafka refuses the consumer's configuration: {err}");
+        }
+    }
+
+    #[test]
+    fn the_classic_protocol_gets_its_session_timeout_and_the_cooperative_assignor() {
+        let config = config(&[("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "6000")]);
+        assert_eq!(config.get("group.protocol"), Some("classic"));
+        assert_eq!(config.get("session.timeout.ms"), Some("6000"));
+        assert_eq!(config.get("heartbeat.interval.ms"), Some("2000"));
+        assert_eq!(
+            config.get("partition.assignment.strategy"),
+            Some("cooperative-sticky")
+        );
+        assert_eq!(config.get("group.instance.id"), None);
+        assert_eq!(
+            config.get("topic.metadata.refresh.interval.ms"),
+            Some("10000")
+        );
+        accepted_by_librdkafka(&config);
+    }
+
+    #[test]
+    fn the_consumer_protocol_leaves_timeouts_and_assignment_to_the_broker() {
+        let config = config(&[
+            ("HISTORY__KAFKA__GROUP_PROTOCOL", "consumer"),
+            ("HISTORY__KAFKA__REMOTE_ASSIGNOR", "uniform"),
+            ("HISTORY__KAFKA__GROUP_INSTANCE_ID", "history-0"),
+        ]);
+        assert_eq!(config.get("group.protocol"), Some("consumer"));
+        assert_eq!(config.get("group.remote.assignor"), Some("uniform"));
+        assert_eq!(config.get("group.instance.id"), Some("history-0"));
+        for refused in [
+            "session.timeout.ms",
+            "heartbeat.interval.ms",
+            "partition.assignment.strategy",
+            "group.protocol.type",
+        ] {
+            assert_eq!(config.get(refused), None, "{refused}");
+        }
+        accepted_by_librdkafka(&config);
+    }
 }
