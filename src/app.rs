@@ -131,6 +131,8 @@ pub async fn run_with(
         brokers = %settings.kafka.brokers,
         group = %settings.kafka.group_id,
         topics = ?settings.kafka.topics,
+        group_protocol = settings.kafka.group_protocol.name(),
+        group_instance_id = %settings.kafka.group_instance_id,
         writers = settings.pipeline.writers,
         "history-service starting"
     );
@@ -139,6 +141,10 @@ pub async fn run_with(
         // The recorder before anything registers a family, or that registration is lost.
         http::prometheus();
         crate::metrics::register_families();
+        crate::metrics::set_group_protocol(
+            settings.kafka.group_protocol.name(),
+            settings.kafka.is_static_member(),
+        );
     }
     let _ = handles.stats.set(stats.clone());
     let readiness = Readiness::new(stats.clone(), settings.pipeline.unready_after_failing());
@@ -288,7 +294,11 @@ async fn start(
         stats.clone(),
         readiness.joined(),
     )
-    .with_error_log_interval(settings.kafka.error_log_interval());
+    .with_error_log_interval(settings.kafka.error_log_interval())
+    .with_group(
+        settings.kafka.group_protocol,
+        settings.kafka.is_static_member(),
+    );
     let consumer = match kafka::subscribe(&settings.kafka, &settings.pipeline.budget(), context) {
         Ok(consumer) => consumer,
         Err(err) => {

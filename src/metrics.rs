@@ -55,6 +55,12 @@ pub const DB_TIMEOUTS_TOTAL: &str = "history_db_timeouts_total";
 /// Client errors of librdkafka, by error name (the logs aggregate repeats of one error).
 pub const KAFKA_CLIENT_ERRORS_TOTAL: &str = "history_kafka_client_errors_total";
 
+/// 1, labelled with the consumer group protocol that runs (`classic`, `consumer`) and the
+/// membership (`static` with `kafka.group_instance_id`, else `dynamic`).
+pub const GROUP_PROTOCOL_INFO: &str = "history_group_protocol_info";
+/// 1 while a topic listed in `kafka.topics` does not exist on the cluster, 0 once it does.
+pub const TOPIC_MISSING: &str = "history_topic_missing";
+
 /// Label values of `history_rebalances_total{kind}`.
 pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "lost"];
 /// Label values of `history_offset_commits_total{result}`.
@@ -145,6 +151,14 @@ pub fn register_families() {
         "Write transactions abandoned at database.statement_timeout_ms (retried on a fresh connection)."
     );
     describe_gauge!(WINDOW_LIMIT, "pipeline.max_in_flight_per_partition.");
+    describe_gauge!(
+        GROUP_PROTOCOL_INFO,
+        "1, labelled with the consumer group protocol and the membership (static or dynamic)."
+    );
+    describe_gauge!(
+        TOPIC_MISSING,
+        "1 while a topic in kafka.topics does not exist on the cluster, else 0."
+    );
     describe_counter!(
         KAFKA_CLIENT_ERRORS_TOTAL,
         "Errors reported by the Kafka client, by error name."
@@ -350,6 +364,22 @@ pub fn set_in_flight(tp: &TopicPartition, len: usize) {
 
 pub fn set_ready(ready: bool) {
     metrics::gauge!(READY).set(if ready { 1.0 } else { 0.0 });
+}
+
+/// Says which group protocol runs, and whether as a static member.
+pub fn set_group_protocol(protocol: &'static str, static_member: bool) {
+    let membership = if static_member { "static" } else { "dynamic" };
+    metrics::gauge!(GROUP_PROTOCOL_INFO, "protocol" => protocol, "membership" => membership)
+        .set(1.0);
+}
+
+/// Whether a configured topic is missing from the cluster.
+pub fn set_topic_missing(topic: &str, missing: bool) {
+    metrics::gauge!(TOPIC_MISSING, "topic" => topic.to_owned()).set(if missing {
+        1.0
+    } else {
+        0.0
+    });
 }
 
 pub fn set_assigned_partitions(count: usize) {

@@ -301,7 +301,11 @@ impl Handler<CloseConsumer> for KafkaSupervisor {
         }
         if let Some(consumer) = self.consumer.take() {
             consumer.context().closing();
-            consumer.unsubscribe();
+            // A static member must not leave: unsubscribing sends a LeaveGroup (classic) even
+            // for one, closing does not (KIP-345), so its partitions wait for it to come back.
+            if !consumer.context().is_static_member() {
+                consumer.unsubscribe();
+            }
             // Dropping the last handle closes the consumer: it leaves the group (serving the
             // final revoke, which commits nothing new) before returning.
             match Arc::try_unwrap(consumer) {

@@ -29,6 +29,7 @@ use tracing::{debug, info, warn};
 use super::commit_ledger::CommitLedger;
 use super::error_log::ClientErrorLog;
 use super::messages::{Lost, Revoke};
+use crate::config::GroupProtocol;
 use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
 use crate::metrics::{self, Stats};
 
@@ -78,6 +79,10 @@ pub struct SupervisorContext {
     closing: AtomicBool,
     /// Client errors, aggregated (the supervisor logs the consumer's errors through it too).
     errors: ClientErrorLog,
+    /// The group protocol: which refused commits may pass when tried again.
+    protocol: GroupProtocol,
+    /// A static member (`group.instance.id`) closes without leaving its group.
+    static_member: bool,
 }
 
 impl SupervisorContext {
@@ -99,7 +104,23 @@ impl SupervisorContext {
             ledger: Mutex::new(CommitLedger::default()),
             closing: AtomicBool::new(false),
             errors: ClientErrorLog::default(),
+            protocol: GroupProtocol::Classic,
+            static_member: false,
         }
+    }
+
+    /// The group protocol the consumer runs, and whether it is a static member.
+    pub fn with_group(mut self, protocol: GroupProtocol, static_member: bool) -> Self {
+        self.protocol = protocol;
+        self.static_member = static_member;
+        self
+    }
+
+    /// Whether the consumer is a static member of its group: closing it must not leave the
+    /// group (no unsubscribe first), so that a restart within the session timeout takes its
+    /// partitions back with no rebalance.
+    pub fn is_static_member(&self) -> bool {
+        self.static_member
     }
 
     /// Summarises repeated client errors once per `interval` (30 s by default).
@@ -168,7 +189,7 @@ impl SupervisorContext {
         if plan.send.is_empty() {
             return (CommitLedger::outcome(plan, true), None);
         }
-        match commit_sync(consumer, &plan.send, &self.stats, reason) {
+        match commit_sync(consumer, &plan.send, &self.stats, reason, self.protocol) {
             Ok(()) => {
                 ledger.confirm(&plan.send);
                 (CommitLedger::outcome(plan, true), None)
@@ -191,7 +212,9 @@ impl SupervisorContext {
         loop {
             let (outcome, error) = self.commit(consumer, &pending, reason);
             done.confirmed.extend(outcome.confirmed);
-            let retry = error.as_ref().is_some_and(may_pass)
+            let retry = error
+                .as_ref()
+                .is_some_and(|error| refusal(error, self.protocol).may_pass())
                 && Instant::now() + COMMIT_RETRY_BACKOFF < deadline;
             if !retry {
                 done.failed.extend(outcome.failed);
@@ -347,21 +370,52 @@ pub fn commit_list(positions: &[CommitPosition]) -> TopicPartitionList {
     tpl
 }
 
-/// Whether a refused commit may succeed if tried again soon. A refusal tied to the group's
-/// generation (a rebalance under way, a member the coordinator no longer knows) will not pass
-/// while we hold up the rebalance by retrying.
-fn may_pass(error: &KafkaError) -> bool {
-    !matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::RebalanceInProgress
+/// Why the broker (or the client) refused a commit, as far as retrying goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Tied to the classic group's generation (a rebalance under way, a member the coordinator
+    /// no longer knows) or to an assignment that is over: it will not pass while we hold up the
+    /// rebalance by retrying.
+    Generation,
+    /// The `consumer` protocol's member epoch of this commit is behind the coordinator's
+    /// (`STALE_MEMBER_EPOCH`), or the coordinator has not seen the member's latest heartbeat
+    /// (`UNKNOWN_MEMBER_ID`). librdkafka heartbeats at once but does not retry a manual commit:
+    /// tried again (with the epoch the client then has), it lands while the partition is still
+    /// ours — and [`SupervisorContext::commit_until`] retries only positions of assignments that
+    /// are still current, so never one of a partition that moved.
+    StaleEpoch,
+    /// Anything else (a coordinator moving, a time-out): may pass.
+    Other,
+}
+
+impl Refusal {
+    /// Whether the refused commit may succeed if tried again soon.
+    pub(crate) fn may_pass(self) -> bool {
+        self != Refusal::Generation
+    }
+}
+
+/// Classifies a refused commit under `protocol`.
+pub(crate) fn refusal(error: &KafkaError, protocol: GroupProtocol) -> Refusal {
+    match (error.rdkafka_error_code(), protocol) {
+        (
+            Some(RDKafkaErrorCode::StaleMemberEpoch | RDKafkaErrorCode::UnknownMemberId),
+            GroupProtocol::Consumer,
+        ) => Refusal::StaleEpoch,
+        (
+            Some(
+                RDKafkaErrorCode::RebalanceInProgress
                 | RDKafkaErrorCode::IllegalGeneration
                 | RDKafkaErrorCode::UnknownMemberId
                 | RDKafkaErrorCode::FencedInstanceId
+                | RDKafkaErrorCode::FencedMemberEpoch
                 | RDKafkaErrorCode::State
-                | RDKafkaErrorCode::UnknownPartition
-        )
-    )
+                | RDKafkaErrorCode::UnknownPartition,
+            ),
+            _,
+        ) => Refusal::Generation,
+        _ => Refusal::Other,
+    }
 }
 
 /// Commits and waits for the broker's answer, then records the outcome. (librdkafka reports
@@ -371,15 +425,32 @@ fn commit_sync<C: ConsumerContext>(
     positions: &[CommitPosition],
     stats: &Stats,
     reason: &'static str,
+    protocol: GroupProtocol,
 ) -> Result<(), KafkaError> {
     let tpl = commit_list(positions);
-    match consumer.commit(&tpl, CommitMode::Sync) {
+    let result = consumer.commit(&tpl, CommitMode::Sync);
+    let refused = result.as_ref().err().map(|err| refusal(err, protocol));
+    match result {
         Ok(()) => {
             log_committed(&tpl, reason);
             stats.commit(reason, "ok");
             Ok(())
         }
-        Err(err) if !may_pass(&err) => {
+        Err(err) if refused == Some(Refusal::StaleEpoch) => {
+            // The client learns the group's epoch from its next heartbeat, which librdkafka
+            // sends at once: a revoke or the final commit tries again while the partitions are
+            // still ours, the periodic commit at its next tick.
+            info!(
+                error = %err,
+                reason,
+                partitions = positions.len(),
+                "offset commit refused: this member's epoch is behind the group's; tried again \
+                 while the partitions are still assigned here"
+            );
+            stats.commit(reason, "error");
+            Err(err)
+        }
+        Err(err) if refused == Some(Refusal::Generation) => {
             // Expected while the group rebalances: the position is asked for again (by the
             // next tick, or by the revoke of this very rebalance).
             info!(error = %err, reason, partitions = positions.len(), "offset commit refused during a rebalance");
@@ -444,5 +515,37 @@ impl ConsumerContext for SupervisorContext {
             Rebalance::Revoke(_) => {}
             Rebalance::Error(err) => warn!(error = %err, "rebalance error"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: RDKafkaErrorCode, protocol: GroupProtocol) -> Refusal {
+        refusal(&KafkaError::ConsumerCommit(code), protocol)
+    }
+
+    #[test]
+    fn a_stale_member_epoch_may_pass_under_the_consumer_protocol() {
+        use GroupProtocol::{Classic, Consumer};
+        use RDKafkaErrorCode::*;
+        assert_eq!(refused(StaleMemberEpoch, Consumer), Refusal::StaleEpoch);
+        assert_eq!(refused(UnknownMemberId, Consumer), Refusal::StaleEpoch);
+        assert!(refused(StaleMemberEpoch, Consumer).may_pass());
+        // Under classic an unknown member is a generation that ended: the rebalance decides.
+        assert_eq!(refused(UnknownMemberId, Classic), Refusal::Generation);
+        for code in [
+            RebalanceInProgress,
+            IllegalGeneration,
+            FencedMemberEpoch,
+            State,
+        ] {
+            for protocol in [Classic, Consumer] {
+                assert!(!refused(code, protocol).may_pass(), "{code:?} {protocol:?}");
+            }
+        }
+        assert_eq!(refused(CoordinatorNotAvailable, Consumer), Refusal::Other);
+        assert!(refused(RequestTimedOut, Classic).may_pass());
     }
 }
