@@ -14,6 +14,14 @@ pub struct BrokerError(#[from] rdkafka::error::KafkaError);
 /// default is 3 s; locally nobody else is coming, so the group forms at once.
 pub const INITIAL_REBALANCE_DELAY_MS: i32 = 200;
 
+/// The `consumer` protocol's (KIP-848) session timeout of the cluster's groups: the broker owns
+/// it under that protocol. Kafka's default is 45 s; the tests' classic members use 3 s, and a
+/// static member's restart (stop, then start again) must fit within it.
+pub const CONSUMER_SESSION_TIMEOUT_MS: i32 = 5000;
+/// The heartbeat interval the broker gives `consumer`-protocol members; a member learns of a new
+/// assignment at its next heartbeat, so this paces its rebalances. Kafka's default is 5 s.
+pub const CONSUMER_HEARTBEAT_INTERVAL_MS: i32 = 500;
+
 /// A running mock cluster. It lives on the thread that made it and stops when dropped.
 pub struct EmbeddedBroker {
     /// The client that owns the cluster (librdkafka creates it for `test.mock.num.brokers`);
@@ -27,13 +35,21 @@ impl EmbeddedBroker {
         let owner: BaseProducer = ClientConfig::new()
             .set("test.mock.num.brokers", brokers.to_string())
             .create()?;
-        // SAFETY: the handle belongs to `owner`, which is alive; the call only sets a default.
+        // SAFETY: the handle belongs to `owner`, which is alive; the calls only set defaults.
         unsafe {
             let cluster = rdkafka_sys::rd_kafka_handle_mock_cluster(owner.client().native_ptr());
             if !cluster.is_null() {
                 rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(
                     cluster,
                     INITIAL_REBALANCE_DELAY_MS,
+                );
+                rdkafka_sys::rd_kafka_mock_set_group_consumer_session_timeout_ms(
+                    cluster,
+                    CONSUMER_SESSION_TIMEOUT_MS,
+                );
+                rdkafka_sys::rd_kafka_mock_set_group_consumer_heartbeat_interval_ms(
+                    cluster,
+                    CONSUMER_HEARTBEAT_INTERVAL_MS,
                 );
             }
         }

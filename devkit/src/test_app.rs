@@ -41,7 +41,7 @@ pub fn service_env(
         ("HISTORY__KAFKA__BROKERS", brokers),
         ("HISTORY__KAFKA__GROUP_ID", group),
         ("HISTORY__KAFKA__TOPICS", topic),
-        ("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "3000"),
+        (SESSION_TIMEOUT, "3000"),
         ("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", "100"),
         ("HISTORY__PIPELINE__RETRY_INITIAL_MS", "50"),
         ("HISTORY__PIPELINE__RETRY_MAX_MS", "500"),
@@ -52,6 +52,9 @@ pub fn service_env(
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect()
 }
+
+const GROUP_PROTOCOL: &str = "HISTORY__KAFKA__GROUP_PROTOCOL";
+const SESSION_TIMEOUT: &str = "HISTORY__KAFKA__SESSION_TIMEOUT_MS";
 
 /// Sets `key` to `value` in an environment list, replacing an earlier value.
 fn set_var(env: &mut Vec<(String, String)>, key: &str, value: &str) {
@@ -86,6 +89,11 @@ impl Options {
     pub fn env(&mut self, key: &str, value: impl AsRef<str>) -> &mut Self {
         set_var(&mut self.env, key, value.as_ref());
         self
+    }
+
+    /// Runs the service under the consumer group protocol `protocol` (`classic`, `consumer`).
+    pub fn protocol(&mut self, protocol: &str) -> &mut Self {
+        self.env(GROUP_PROTOCOL, protocol)
     }
 
     /// Another instance of `app`'s deployment: its database, broker, topic, group and the
@@ -173,6 +181,15 @@ impl TestApp {
         set_var(&mut env, "HISTORY__HTTP__ENABLED", "true");
         for (key, value) in &options.env {
             set_var(&mut env, key, value);
+        }
+        // The broker owns the session timeout under the `consumer` protocol, and the service
+        // refuses one set with it: the test environment's goes unless the test set it.
+        let consumer_protocol = options
+            .env
+            .iter()
+            .any(|(key, value)| key == GROUP_PROTOCOL && value == "consumer");
+        if consumer_protocol && !options.env.iter().any(|(key, _)| key == SESSION_TIMEOUT) {
+            env.retain(|(key, _)| key != SESSION_TIMEOUT);
         }
         let inspector = Arc::new(
             GroupInspector::new(&brokers, &options.group).expect("the group inspector is created"),

@@ -11,6 +11,7 @@ mod db_faults;
 mod dead_letter_topic;
 mod end_to_end;
 mod flow_control;
+mod group_protocols;
 mod handover;
 mod kafka_errors;
 mod layers;
