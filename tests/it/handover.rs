@@ -93,20 +93,30 @@ const EAGER: (&str, &str) = (
 
 #[actix_rt::test]
 async fn sigterm_at_random_moments_of_a_backlog_commits_exactly_the_rows_written() {
-    stops_commit_exactly_what_was_written(10, None).await;
+    stops_commit_exactly_what_was_written(10, None, "classic").await;
 }
 
 #[actix_rt::test]
 async fn sigterm_under_the_eager_protocol_commits_exactly_the_rows_written() {
-    stops_commit_exactly_what_was_written(3, Some(EAGER)).await;
+    stops_commit_exactly_what_was_written(3, Some(EAGER), "classic").await;
+}
+
+#[actix_rt::test]
+async fn sigterm_under_the_consumer_group_protocol_commits_exactly_the_rows_written() {
+    stops_commit_exactly_what_was_written(5, None, "consumer").await;
 }
 
 /// SIGTERM `stops` times at random moments of a backlog of unique events: every stop is clean
 /// and quick, and leaves the group's committed offsets equal to the rows written.
-async fn stops_commit_exactly_what_was_written(stops: usize, property: Option<(&str, &str)>) {
+async fn stops_commit_exactly_what_was_written(
+    stops: usize,
+    property: Option<(&str, &str)>,
+    protocol: &str,
+) {
     let partitions = 12;
     let mut app = TestApp::prepare(|o| {
         o.partitions = partitions;
+        o.protocol(protocol);
         if let Some((key, value)) = property {
             o.env(key, value);
         }
@@ -162,7 +172,7 @@ async fn stops_commit_exactly_what_was_written(stops: usize, property: Option<(&
 
 #[actix_rt::test]
 async fn a_member_joining_and_leaving_mid_backlog_redoes_nothing_and_moves_only_what_it_must() {
-    let (first_logs, second_logs) = join_and_leave(None).await;
+    let (first_logs, second_logs) = join_and_leave(None, "classic").await;
     let both = format!("--- first ---\n{first_logs}\n--- second ---\n{second_logs}");
     // Kafka accepts commits of the current generation while a rebalance is being prepared;
     // librdkafka's mock broker refuses every commit until the rebalance has completed, and
@@ -203,11 +213,49 @@ async fn a_member_joining_and_leaving_mid_backlog_redoes_nothing_and_moves_only_
     );
 }
 
+/// Under KIP-848 the broker assigns and each member reconciles on its own heartbeat: the
+/// newcomer gets only partitions the first member revoked, and what the first member wrote
+/// before handing a partition over is committed, so neither member does a record twice —
+/// asserted whatever happened, with no exception for a refused commit (a commit refused for a
+/// stale member epoch is tried again while the partition is still ours).
+#[actix_rt::test]
+async fn a_member_joining_and_leaving_under_the_consumer_protocol_redoes_nothing() {
+    let (first_logs, second_logs) = join_and_leave(None, "consumer").await;
+    let both = format!("--- first ---\n{first_logs}\n--- second ---\n{second_logs}");
+    for (name, logs) in [("first", &first_logs), ("second", &second_logs)] {
+        assert_eq!(
+            stopped_field(logs, "already_applied"),
+            Some(0),
+            "the {name} member did records twice\n{both}"
+        );
+    }
+    let given_away = partitions_in(
+        &first_logs,
+        TOPIC,
+        "partitions revoked",
+        Some("SIGTERM received"),
+    );
+    let taken = partitions_in(&second_logs, TOPIC, "partitions assigned", None);
+    assert!(
+        !given_away.is_empty() && given_away.len() < JOIN_PARTITIONS as usize,
+        "incremental: only the partitions that move are revoked, got {given_away:?}\n{both}"
+    );
+    assert!(
+        given_away.iter().all(|p| taken.contains(p)),
+        "revoked {given_away:?}, but the newcomer got {taken:?}\n{both}"
+    );
+    eprintln!(
+        "consumer protocol: revoked {given_away:?}, the newcomer got {taken:?}; commits refused \
+         and tried again: {}",
+        both.matches("offset commit refused").count()
+    );
+}
+
 /// The eager protocol revokes every partition of every member on each rebalance; what was
 /// written is still never lost or doubled, and both stops are clean.
 #[actix_rt::test]
 async fn a_member_joining_and_leaving_under_the_eager_protocol_loses_and_doubles_nothing() {
-    let (first_logs, _) = join_and_leave(Some(EAGER)).await;
+    let (first_logs, _) = join_and_leave(Some(EAGER), "classic").await;
     let given_away = partitions_in(
         &first_logs,
         TOPIC,
@@ -228,10 +276,11 @@ const TOPIC: &str = "tickets.status.join";
 
 /// A second member joins mid-backlog and later leaves with SIGTERM; the first finishes the
 /// backlog and stops. Checks rows and offsets; returns both members' logs.
-async fn join_and_leave(property: Option<(&str, &str)>) -> (String, String) {
+async fn join_and_leave(property: Option<(&str, &str)>, protocol: &str) -> (String, String) {
     let mut first = TestApp::prepare(|o| {
         o.partitions = JOIN_PARTITIONS;
         o.topic = TOPIC.into();
+        o.protocol(protocol);
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
         if let Some((key, value)) = property {
             o.env(key, value);
