@@ -89,3 +89,54 @@ async fn drain(protocol: &str) {
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
     eprintln!("{protocol}: {distinct} events drained and committed in {took:?}");
 }
+
+/// librdkafka does not retry a manual commit refused with `STALE_MEMBER_EPOCH`: the service
+/// does, while the partitions are still its own. The only commit of this run is the final one
+/// (the periodic one is an hour away); the broker refuses it three times, and it still lands:
+/// a clean stop, the group's position at the rows written.
+#[actix_rt::test]
+async fn a_final_commit_refused_for_a_stale_member_epoch_is_retried_and_lands() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.protocol("consumer");
+        o.env("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", "3600000");
+    })
+    .await;
+    let records = events(400, "stale", 2, 8);
+    let distinct = distinct_events(&records) as i64;
+    app.produce(&records).await;
+    app.start();
+    app.wait_rows(distinct, Duration::from_secs(30)).await;
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_events_total{outcome=\"applied\"}")
+                .zip(m.get("history_events_total{outcome=\"already_applied\"}"))
+                .is_some_and(|(a, b)| a + b == records.len() as f64)
+        })
+        .await;
+    assert_eq!(
+        app.committed().await,
+        vec![None, None],
+        "nothing committed before the stop: {metrics}"
+    );
+    app.broker().cluster().request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_STALE_MEMBER_EPOCH; 3],
+    );
+    let code = app.stop();
+    let logs = app.logs();
+    assert_eq!(code, Some(0), "the final commit did not land\n{logs}");
+    assert_eq!(
+        app.committed().await,
+        app.ends().await.into_iter().map(Some).collect::<Vec<_>>(),
+        "{logs}"
+    );
+    assert_eq!(
+        logs.matches("this member's epoch is behind the group's")
+            .count(),
+        3,
+        "three refusals, each tried again\n{logs}"
+    );
+}
