@@ -140,3 +140,124 @@ async fn a_final_commit_refused_for_a_stale_member_epoch_is_retried_and_lands() 
         "three refusals, each tried again\n{logs}"
     );
 }
+
+/// Partition numbers of `topic` named in one log line.
+fn partitions_of(line: &str, topic: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find(&format!("{topic}[")) {
+        rest = &rest[at + topic.len() + 1..];
+        let number: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if let Ok(partition) = number.parse() {
+            found.push(partition);
+        }
+    }
+    found
+}
+
+/// A member's assignment as its log tells it: assigned partitions, less those revoked since.
+fn assignment_in(logs: &str, topic: &str) -> Vec<i32> {
+    let mut held = std::collections::BTreeSet::new();
+    for line in logs.lines() {
+        if line.contains("partitions assigned") {
+            held.extend(partitions_of(line, topic));
+        } else if line.contains("partitions revoked") || line.contains("assignment lost") {
+            for partition in partitions_of(line, topic) {
+                held.remove(&partition);
+            }
+        }
+    }
+    held.into_iter().collect()
+}
+
+/// The rebalance counters of a member, by kind.
+fn rebalances(metrics: &history_devkit::probe::Metrics) -> [f64; 3] {
+    ["assign", "revoke", "lost"].map(|kind| {
+        metrics
+            .value("history_rebalances_total", &[("kind", kind)])
+            .unwrap_or(0.0)
+    })
+}
+
+/// Static membership (KIP-345, here under KIP-848): a member restarted (SIGTERM, then started
+/// again with the same `kafka.group_instance_id`) within the session timeout gets its own
+/// partitions back, and the other member sees no rebalance at all — its counters and its
+/// assignment do not move. Records produced meanwhile are all recorded once and committed.
+///
+/// Under `classic` the same holds on a real broker (a static member's close sends no
+/// LeaveGroup), but librdkafka's mock cluster rebalances a classic group on every JoinGroup,
+/// static or not, so this runs under `consumer`, whose mock group implements static members.
+#[actix_rt::test]
+async fn a_static_member_restarted_within_the_session_timeout_moves_no_partition_of_another() {
+    let partitions = 6;
+    let mut first = TestApp::prepare(|o| {
+        o.partitions = partitions;
+        o.protocol("consumer");
+        o.env("HISTORY__KAFKA__GROUP_INSTANCE_ID", "history-a");
+    })
+    .await;
+    let before = events(2000, "static-1", partitions, 31);
+    first.produce(&before).await;
+    first.start();
+    let all = |m: &history_devkit::probe::Metrics| {
+        m.get("history_assigned_partitions") == Some(f64::from(partitions))
+    };
+    first.wait_for_metrics(Duration::from_secs(30), all).await;
+    let mut second = TestApp::spawn(|o| {
+        o.share(&first);
+        o.env("HISTORY__KAFKA__GROUP_INSTANCE_ID", "history-b");
+    })
+    .await;
+    let split = |m: &history_devkit::probe::Metrics| {
+        m.get("history_assigned_partitions") == Some(f64::from(partitions / 2))
+    };
+    second
+        .wait_for_metrics(Duration::from_secs(30), split)
+        .await;
+    first.wait_for_metrics(Duration::from_secs(30), split).await;
+    first.wait_committed(Duration::from_secs(60)).await;
+    let others = second.metrics().await;
+    assert_eq!(
+        others.value(
+            "history_group_protocol_info",
+            &[("protocol", "consumer"), ("membership", "static")]
+        ),
+        Some(1.0),
+        "{others}"
+    );
+    let own_now = assignment_in(&first.logs(), &first.topic);
+    let others_own = assignment_in(&second.logs(), &second.topic);
+    assert_eq!(own_now.len() + others_own.len(), partitions as usize);
+
+    let asked = Instant::now();
+    assert_eq!(first.stop(), Some(0), "{}", first.logs());
+    let after = events(2000, "static-2", partitions, 32);
+    first.produce(&after).await;
+    first.start();
+    first.wait_for_metrics(Duration::from_secs(30), split).await;
+    let back_after = asked.elapsed();
+    let back = assignment_in(&first.logs(), &first.topic);
+    assert_eq!(
+        back, own_now,
+        "the restarted member got its own partitions back"
+    );
+    first.wait_committed(Duration::from_secs(60)).await;
+
+    let others_after = second.metrics().await;
+    assert_eq!(
+        rebalances(&others_after),
+        rebalances(&others),
+        "the other member saw a rebalance:\n{}",
+        second.logs()
+    );
+    assert_eq!(assignment_in(&second.logs(), &second.topic), others_own);
+    let distinct = (distinct_events(&before) + distinct_events(&after)) as i64;
+    assert_eq!(first.db.count("history_events").await, distinct);
+    assert_eq!(first.db.count("inbox").await, distinct);
+    assert_eq!(second.stop(), Some(0), "{}", second.logs());
+    assert_eq!(first.stop(), Some(0), "{}", first.logs());
+    eprintln!(
+        "static restart: {own_now:?} back to the restarted member {back_after:?} after its \
+         SIGTERM; the other kept {others_own:?} with no rebalance"
+    );
+}
