@@ -21,6 +21,7 @@ use crate::health::Readiness;
 use crate::http;
 use crate::kafka::context::CommitterLink;
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
+use crate::kafka::topic_watch::TopicWatchSettings;
 use crate::kafka::{self, SupervisorContext};
 use crate::metrics::{Stats, StatsSnapshot};
 use crate::store::{Database, StoreError, migrate};
@@ -298,7 +299,12 @@ async fn start(
     .with_group(
         settings.kafka.group_protocol,
         settings.kafka.is_static_member(),
-    );
+    )
+    .with_topic_watch(TopicWatchSettings {
+        topics: settings.kafka.topics.clone(),
+        interval: settings.kafka.metadata_refresh(),
+        missing: readiness.missing_topics(),
+    });
     let consumer = match kafka::subscribe(&settings.kafka, &settings.pipeline.budget(), context) {
         Ok(consumer) => consumer,
         Err(err) => {

@@ -680,6 +680,10 @@ impl KafkaSettings {
         Ok(())
     }
 
+    pub fn metadata_refresh(&self) -> Duration {
+        Duration::from_millis(self.metadata_refresh_ms)
+    }
+
     pub fn revoke_timeout(&self) -> Duration {
         Duration::from_millis(self.revoke_timeout_ms)
     }

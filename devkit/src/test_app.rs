@@ -91,6 +91,13 @@ impl Options {
         self
     }
 
+    /// Leaves the topic for the test to create ([`EmbeddedBroker::create_topic`]) after the
+    /// service has started.
+    pub fn topic_created_later(&mut self) -> &mut Self {
+        self.create_topic = false;
+        self
+    }
+
     /// Runs the service under the consumer group protocol `protocol` (`classic`, `consumer`).
     pub fn protocol(&mut self, protocol: &str) -> &mut Self {
         self.env(GROUP_PROTOCOL, protocol)

@@ -25,6 +25,7 @@ use crate::domain::flow::{Changes, FlowPolicy};
 use crate::kafka::commit_worker::CommitWorker;
 use crate::kafka::intake;
 use crate::kafka::reset_watch::ResetWatch;
+use crate::kafka::topic_watch::TopicWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
 /// Most items handled in one go; a chunk is split per partition into `Records` messages.
@@ -44,6 +45,8 @@ pub struct KafkaSupervisor {
     fetching: Option<SpawnHandle>,
     /// Tells records skipped by an offset reset from gaps, off this thread.
     resets: ResetWatch,
+    /// Watches that the configured topics exist (ends when dropped).
+    _topics: Option<TopicWatch>,
 }
 
 /// A partition assigned here: its epoch, its actor and what it holds.
@@ -58,6 +61,10 @@ impl KafkaSupervisor {
         let commits =
             CommitWorker::start(consumer.clone(), pipeline.committer().clone().recipient());
         let resets = ResetWatch::start(Arc::downgrade(&consumer));
+        let topics = consumer
+            .context()
+            .topic_watch()
+            .map(|settings| TopicWatch::start(Arc::downgrade(&consumer), settings.clone()));
         KafkaSupervisor {
             consumer: Some(consumer),
             commits: Some(commits),
@@ -65,6 +72,7 @@ impl KafkaSupervisor {
             partitions: HashMap::new(),
             fetching: None,
             resets,
+            _topics: topics,
         }
     }
 

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::kafka::topic_watch::MissingTopics;
 use crate::metrics::{self, Stats};
 use crate::store::{Database, PgPool, StoreError};
 
@@ -24,6 +25,8 @@ pub struct Readiness {
 struct Inner {
     phase: Mutex<Phase>,
     joined: Arc<AtomicBool>,
+    /// Configured topics the cluster does not have (the Kafka layer's topic watch keeps it).
+    missing_topics: Arc<MissingTopics>,
     stats: Arc<Stats>,
     unready_after_failing: Duration,
 }
@@ -49,6 +52,7 @@ impl Readiness {
             inner: Arc::new(Inner {
                 phase: Mutex::new(Phase::Starting("not started yet".to_owned())),
                 joined: Arc::new(AtomicBool::new(false)),
+                missing_topics: Arc::default(),
                 stats,
                 unready_after_failing,
             }),
@@ -58,6 +62,11 @@ impl Readiness {
     /// The flag the consumer's callbacks set once it has joined its group.
     pub fn joined(&self) -> Arc<AtomicBool> {
         self.inner.joined.clone()
+    }
+
+    /// The set of configured topics found missing, which the topic watch keeps.
+    pub fn missing_topics(&self) -> Arc<MissingTopics> {
+        self.inner.missing_topics.clone()
     }
 
     /// Still starting, for this reason.
@@ -79,6 +88,15 @@ impl Readiness {
             Phase::Starting(reason) => return Some(format!("starting: {reason}")),
             Phase::Running { pool, database } => (pool.clone(), (**database).clone()),
         };
+        let missing = self.inner.missing_topics.names();
+        if !missing.is_empty() {
+            // Nothing is consumed from them: a misspelled name, or a topic not created yet.
+            // Said before the group: with no topic to consume, the consumer may never join.
+            return Some(format!(
+                "topics in kafka.topics do not exist: {} (consumed once created)",
+                missing.join(", ")
+            ));
+        }
         if !self.inner.joined.load(Ordering::Relaxed) {
             return Some("the consumer has not joined its group yet".to_owned());
         }

@@ -29,6 +29,7 @@ use tracing::{debug, info, warn};
 use super::commit_ledger::CommitLedger;
 use super::error_log::ClientErrorLog;
 use super::messages::{Lost, Revoke};
+use super::topic_watch::TopicWatchSettings;
 use crate::config::GroupProtocol;
 use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
 use crate::metrics::{self, Stats};
@@ -83,6 +84,8 @@ pub struct SupervisorContext {
     protocol: GroupProtocol,
     /// A static member (`group.instance.id`) closes without leaving its group.
     static_member: bool,
+    /// What the supervisor's topic watch looks for ([`super::topic_watch`]).
+    topic_watch: Option<TopicWatchSettings>,
 }
 
 impl SupervisorContext {
@@ -106,7 +109,19 @@ impl SupervisorContext {
             errors: ClientErrorLog::default(),
             protocol: GroupProtocol::Classic,
             static_member: false,
+            topic_watch: None,
         }
+    }
+
+    /// Has the supervisor watch that the configured topics exist.
+    pub fn with_topic_watch(mut self, settings: TopicWatchSettings) -> Self {
+        self.topic_watch = Some(settings);
+        self
+    }
+
+    /// What the topic watch looks for, if there is to be one.
+    pub fn topic_watch(&self) -> Option<&TopicWatchSettings> {
+        self.topic_watch.as_ref()
     }
 
     /// The group protocol the consumer runs, and whether it is a static member.

@@ -12,6 +12,7 @@ pub mod offset_reset;
 pub mod properties;
 pub mod replay;
 pub mod reset_watch;
+pub mod topic_watch;
 
 use std::sync::Arc;
 use std::time::Duration;
