@@ -21,7 +21,7 @@ const PROMETHEUS_RULE: &str = "deploy/kubernetes/monitoring/prometheusrule.yaml"
 const DASHBOARD: &str = "deploy/grafana/history-service.json";
 
 /// Every family the service declares (some are implemented on other branches).
-const DECLARED: [&str; 23] = [
+const DECLARED: [&str; 25] = [
     names::EVENTS_TOTAL,
     names::DEAD_LETTERS_TOTAL,
     names::CONFLICTING_DUPLICATES_TOTAL,
@@ -45,6 +45,8 @@ const DECLARED: [&str; 23] = [
     names::WINDOW_LIMIT,
     names::KAFKA_CLIENT_ERRORS_TOTAL,
     names::DB_TIMEOUTS_TOTAL,
+    names::GROUP_PROTOCOL_INFO,
+    names::TOPIC_MISSING,
 ];
 
 fn repo(path: &str) -> PathBuf {
@@ -191,6 +193,7 @@ fn the_alert_rules_cover_the_readme_list_and_the_prometheus_rule_carries_the_sam
         "HistoryNoRecordsFetched",
         "HistoryKafkaClientErrors",
         "HistoryDatabaseHangs",
+        "HistoryTopicMissing",
     ] {
         assert!(alert_names.contains(required), "no alert {required}");
     }
