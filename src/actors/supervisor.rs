@@ -309,8 +309,10 @@ impl Handler<CloseConsumer> for KafkaSupervisor {
         }
         if let Some(consumer) = self.consumer.take() {
             consumer.context().closing();
-            // A static member must not leave: unsubscribing sends a LeaveGroup (classic) even
-            // for one, closing does not (KIP-345), so its partitions wait for it to come back.
+            // A static member must not leave, so that its partitions wait for it to come back
+            // (KIP-345): closing never sends a LeaveGroup for one, unsubscribing does once its
+            // revoke is served (classic). Here that revoke is only served while closing, when
+            // librdkafka already suppresses the leave — not an order to rely on.
             if !consumer.context().is_static_member() {
                 consumer.unsubscribe();
             }
