@@ -188,16 +188,11 @@ async fn a_static_member_restarted_within_the_session_timeout_moves_no_partition
     static_restart("consumer").await;
 }
 
-/// The same under `classic`. On a real broker a static member's JoinGroup with a known
-/// instance id triggers no rebalance either, but librdkafka's mock cluster rebalances a
-/// classic group on every JoinGroup, static or not: the other member takes part in one
-/// rebalance round (one more `assign`, of no partition). What static membership must still
-/// give holds: the restarted member's close sends no LeaveGroup (it does not unsubscribe), so
-/// no partition of the other member moves — none revoked, none added, none lost.
-#[actix_rt::test]
-async fn a_static_member_restarted_under_classic_moves_no_partition_of_another() {
-    static_restart("classic").await;
-}
+// Not under `classic`: librdkafka's mock cluster does not implement static members for it (a
+// JoinGroup always starts a rebalance, the instance id is kept but never used), and a dynamic
+// member restarted as quickly comes back to the same partitions there too (cooperative-sticky
+// gives the newcomer what is free): run under `classic`, this test passes with
+// `group.instance.id` left out, so it would prove nothing about static membership.
 
 async fn static_restart(protocol: &str) {
     let partitions = 6;
@@ -255,12 +250,9 @@ async fn static_restart(protocol: &str) {
     first.wait_committed(Duration::from_secs(60)).await;
 
     let others_after = second.metrics().await;
-    let [assigns, revokes, lost] = rebalances(&others);
-    // Under classic, the mock's extra rebalance round: one `assign` callback, of nothing.
-    let extra_round = f64::from(protocol == "classic");
     assert_eq!(
         rebalances(&others_after),
-        [assigns + extra_round, revokes, lost],
+        rebalances(&others),
         "the other member saw a rebalance:\n{}",
         second.logs()
     );
