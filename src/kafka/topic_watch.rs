@@ -134,8 +134,8 @@ fn report(settings: &TopicWatchSettings, topic: &str, missing: bool) {
         warn!(
             topic,
             "a topic in kafka.topics does not exist: nothing is consumed from it until it is \
-             created (history_topic_missing is 1, /readyz says not ready); it is picked up within \
-             kafka.metadata_refresh_ms of its creation"
+             created (history_topic_missing is 1, /readyz says not ready); once created it is \
+             consumed within kafka.metadata_refresh_ms and a rebalance"
         );
     } else {
         info!(

@@ -2,8 +2,10 @@
 //! (which librdkafka's mock cluster speaks through `ConsumerGroupHeartbeat`), static
 //! membership, refused commits of a stale member epoch, and topics that appear after start-up.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use history_devkit::group::{self, GroupInspector};
 use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
 
@@ -274,7 +276,7 @@ async fn static_restart(protocol: &str) {
 /// (`rd_kafka_mock_cgrp_consumer_target_assignment_recalculate` in rdkafka_mock_cgrp.c): run
 /// there, the topic is seen (the gauge drops to 0) and never assigned. The mock cannot add
 /// partitions to a live topic either (no CreatePartitions, no control for it), so partitions
-/// added later are not tested here; they take the same path as a new topic under classic.
+/// added later are not tested here; the client finds them by the same metadata refresh.
 #[actix_rt::test]
 async fn a_topic_created_after_start_up_is_reported_missing_then_consumed_under_classic() {
     topic_created_later("classic").await;
@@ -282,48 +284,64 @@ async fn a_topic_created_after_start_up_is_reported_missing_then_consumed_under_
 
 /// The metadata refresh, shortened from the default 10 s so the test is quick; the bound
 /// asserted is this plus a rebalance.
-const REFRESH_MS: u64 = 2000;
+const REFRESH_MS: u64 = 3000;
 
-/// A topic in `kafka.topics` that does not exist is visible (`history_topic_missing` is 1,
-/// `/readyz` names it); created later, it is consumed within `kafka.metadata_refresh_ms` plus a
-/// rebalance, and the gauge and readiness come back.
+/// The service consumes an existing topic and one that does not exist yet. The missing one is
+/// visible (`history_topic_missing` is 1, `/readyz` names it); created later, it is consumed
+/// within `kafka.metadata_refresh_ms` plus a rebalance, and the gauge and readiness come back.
+/// With the consumer already in its group for the other topic, nothing but the client's metadata
+/// refresh finds the new one (the topic watch's own metadata requests do not): tried with
+/// librdkafka's default of 5 minutes, 273 of 815 rows were in after the 8 s bound. (A consumer
+/// whose every topic is missing looks for them far more often, so that case proves nothing.)
 async fn topic_created_later(protocol: &str) {
+    let later = format!("tickets.status.later-{:08x}", rand::random::<u32>());
     let mut app = TestApp::prepare(|o| {
-        o.partitions = 3;
+        o.partitions = 2;
         o.protocol(protocol);
-        o.topic_created_later();
         o.env(
             "HISTORY__KAFKA__METADATA_REFRESH_MS",
             REFRESH_MS.to_string(),
         );
     })
     .await;
+    let topics = format!("{},{later}", app.topic);
+    app.set_env("HISTORY__KAFKA__TOPICS", &topics);
+    let existing = events(300, &format!("now-{protocol}"), app.partitions, 40);
+    let mut distinct = distinct_events(&existing) as i64;
+    app.produce(&existing).await;
     app.start();
-    let series = format!("history_topic_missing{{topic=\"{}\"}}", app.topic);
+    app.wait_committed(Duration::from_secs(30)).await;
+    let series = format!("history_topic_missing{{topic=\"{later}\"}}");
     app.wait_for_metrics(Duration::from_secs(30), |m| m.get(&series) == Some(1.0))
         .await;
-    let (status, body) = app
-        .wait_for_answer("/readyz", Duration::from_secs(10), |status, _| status != 0)
-        .await;
+    let (status, body) = app.get("/readyz").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains(&app.topic), "/readyz names the topic: {body}");
+    assert!(body.contains(&later), "/readyz names the topic: {body}");
 
+    let partitions = 3;
     app.broker()
-        .create_topic(&app.topic, app.partitions)
+        .create_topic(&later, partitions)
         .expect("the topic is created");
     let created = Instant::now();
-    let records = events(600, &format!("later-{protocol}"), app.partitions, 41);
-    let distinct = distinct_events(&records) as i64;
-    app.produce(&records).await;
-    app.wait_committed(Duration::from_secs(60)).await;
+    let records = events(600, &format!("later-{protocol}"), partitions, 41);
+    distinct += distinct_events(&records) as i64;
+    let (brokers, topic) = (app.brokers.clone(), later.clone());
+    tokio::task::spawn_blocking(move || workload::produce(&brokers, &topic, &records))
+        .await
+        .unwrap()
+        .expect("the records are produced");
+    let bound = Duration::from_millis(REFRESH_MS) + Duration::from_secs(5);
+    app.wait_rows(distinct, bound).await;
     let consumed_after = created.elapsed();
-    let bound = Duration::from_millis(REFRESH_MS) + Duration::from_secs(3);
-    assert!(
-        consumed_after <= bound,
-        "consumed {consumed_after:?} after the topic was created, beyond {bound:?}\n{}",
-        app.logs()
-    );
-    assert_eq!(app.db.count("history_events").await, distinct);
+    let inspector = Arc::new(GroupInspector::new(&app.brokers, &app.group).unwrap());
+    let ends = inspector
+        .ends(&later, partitions, Duration::from_secs(5))
+        .unwrap();
+    if let Err(err) =
+        group::wait_committed(inspector, &later, &ends, Duration::from_secs(10), || {}).await
+    {
+        panic!("{err}\n{}", app.logs());
+    }
     app.wait_for_metrics(Duration::from_secs(10), |m| m.get(&series) == Some(0.0))
         .await;
     app.wait_for_answer("/readyz", Duration::from_secs(10), |status, _| {
@@ -331,5 +349,8 @@ async fn topic_created_later(protocol: &str) {
     })
     .await;
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
-    eprintln!("{protocol}: a topic created after start-up was consumed {consumed_after:?} later");
+    eprintln!(
+        "{protocol}: a topic created after start-up was consumed {consumed_after:?} later \
+         (bound {bound:?})"
+    );
 }
