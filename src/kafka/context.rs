@@ -7,6 +7,11 @@
 //! `kafka.revoke_timeout_ms`), and commits them synchronously. Everything else is queued as an
 //! event for the supervisor, in order with the records the same poll returns.
 //!
+//! The context keeps rdkafka's own `rebalance`, which calls `incremental_assign` /
+//! `incremental_unassign` when librdkafka reports the cooperative protocol: it does for
+//! cooperative-sticky and, once subscribed, always under `group.protocol=consumer` (KIP-848's
+//! assignments are incremental; `rd_kafka_cgrp_rebalance_protocol` in rdkafka_cgrp.c).
+//!
 //! Every commit of this process — periodic (commit worker thread), revoke (here), shutdown
 //! (supervisor) — goes through [`SupervisorContext::commit`], which serialises them and keeps a
 //! ledger of what the broker confirmed: a position is only sent while it is ahead of the

@@ -246,6 +246,15 @@ async fn a_member_joining_and_leaving_under_the_consumer_protocol_redoes_nothing
         given_away.iter().all(|p| taken.contains(p)),
         "revoked {given_away:?}, but the newcomer got {taken:?}\n{both}"
     );
+    // librdkafka reports KIP-848's rebalances as cooperative, so rdkafka's rebalance handling
+    // (which our context keeps) calls incremental_assign / incremental_unassign.
+    assert!(
+        first_logs
+            .lines()
+            .filter(|line| line.contains("partitions revoked"))
+            .all(|line| line.contains("protocol=\"cooperative\"")),
+        "{first_logs}"
+    );
     eprintln!(
         "consumer protocol: revoked {given_away:?}, the newcomer got {taken:?}; commits refused \
          and tried again: {}",
