@@ -28,7 +28,12 @@ pub fn main() -> ExitCode {
     crate::telemetry::init(&settings.log);
     let runtime = actix_rt::System::new();
     let result = match cli.command {
-        Command::Run => runtime.block_on(run_service(&settings)),
+        Command::Run => {
+            let result = runtime.block_on(run_service(&settings));
+            // What the stop left running (a thread blocked on a broker that does not answer,
+            // the runtime's tasks) is not waited for: the stop has already reported.
+            std::process::exit(exit_code(result))
+        }
         Command::DeadLetters(command) => runtime.block_on(run_dead_letters(&settings, &command)),
         Command::Migrate(args) => runtime.block_on(run_migrate(&settings, &args)),
         Command::Verify(args) => runtime.block_on(run_verify(&settings, &args)),
@@ -42,19 +47,32 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `run`'s exit status: 0 for a clean stop, 3 with leftovers, 2 for an error.
+fn exit_code(result: anyhow::Result<u8>) -> i32 {
+    match result {
+        Ok(code) => code.into(),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            2
+        }
+    }
+}
+
 /// `run`'s exit code when it stopped gracefully but the final commit did not cover every
 /// record it wrote (the database or the broker did not answer in time): nothing is lost, the
 /// next owner re-reads those records.
 pub const EXIT_STOPPED_WITH_LEFTOVERS: u8 = 3;
 
-async fn run_service(settings: &Settings) -> anyhow::Result<ExitCode> {
-    let report = crate::app::run(settings, crate::app::shutdown_signal())
+async fn run_service(settings: &Settings) -> anyhow::Result<u8> {
+    let (shutdown, hurry) = crate::app::shutdown_signals();
+    let handles = crate::app::RunHandles::default();
+    let report = crate::app::run_until(settings, shutdown, hurry, handles)
         .await
         .context("history-service failed")?;
     Ok(if report.left.is_clean() {
-        ExitCode::SUCCESS
+        0
     } else {
-        ExitCode::from(EXIT_STOPPED_WITH_LEFTOVERS)
+        EXIT_STOPPED_WITH_LEFTOVERS
     })
 }
 

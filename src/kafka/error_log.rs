@@ -233,6 +233,15 @@ impl ClientErrorLog {
         }
     }
 
+    /// Logs the summary of every error that repeated since its last line, interval over or
+    /// not: the client is about to close, and may not finish closing before the process ends.
+    pub fn flush_all(&self) {
+        let summaries = self.aggregator.lock().unwrap().flush_all(Instant::now());
+        for summary in summaries {
+            log_summary(Some(summary));
+        }
+    }
+
     fn record(&self, name: &str, detail: &str, severity: Severity) -> (Verdict, Option<Summary>) {
         metrics::kafka_client_error(name);
         self.aggregator
