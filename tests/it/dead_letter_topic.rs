@@ -274,3 +274,79 @@ async fn letters_the_topic_keeps_refusing_do_not_hold_back_newer_ones() {
     let (published, failing, attempts) = publish_state(&db).await;
     assert_eq!((published, failing, attempts), (2, 2, 2));
 }
+
+/// Seconds of a replay's `--timeout` in the test of a broker that is down.
+const REPLAY_TIMEOUT_S: u64 = 3;
+
+#[actix_rt::test]
+async fn a_replay_with_the_broker_down_ends_by_its_timeout_marks_nothing_and_says_so_in_a_few_lines()
+ {
+    use history_service::domain::DecodeError;
+    use history_service::store::dead_letters::{self, DeadLetter, DeadLetterRow};
+
+    let db = TestDb::migrated().await;
+    let broker = EmbeddedBroker::start(1).unwrap();
+    broker.create_topic(TOPIC, 1).unwrap();
+    let brokers = broker.bootstrap_servers();
+    let letter = DeadLetter::new(&DecodeError::NullPayload, Some(b"k".to_vec()), None, None);
+    let rows: Vec<DeadLetterRow<'_>> = (0..5)
+        .map(|offset| DeadLetterRow {
+            topic: TOPIC,
+            partition: 0,
+            offset,
+            letter: &letter,
+        })
+        .collect();
+    dead_letters::insert(&db.pool(1), &rows).await.unwrap();
+    let replayed = || async {
+        let row = db
+            .client()
+            .await
+            .query_one("SELECT count(replayed_at) FROM dead_letters", &[])
+            .await
+            .unwrap();
+        row.get::<_, i64>(0)
+    };
+
+    broker.cluster().broker_down(1).unwrap();
+    let timeout = REPLAY_TIMEOUT_S.to_string();
+    let args = ["dead-letters", "replay", "--all", "--timeout", &timeout];
+    let started = Instant::now();
+    let (code, out) = operator(&db, &brokers, &args);
+    let took = started.elapsed();
+    let errors = out.lines().filter(|line| line.contains(" ERROR ")).count();
+    let warnings = out.lines().filter(|line| line.contains(" WARN ")).count();
+    eprintln!(
+        "replay with the broker down: exit {code:?} after {took:?}, {errors} ERROR and {warnings} WARN lines"
+    );
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        took < Duration::from_secs(REPLAY_TIMEOUT_S + 2),
+        "took {took:?}:\n{out}"
+    );
+    assert!(
+        out.contains("5 of 5 dead letters not replayed")
+            && out.contains("within the replay's timeout"),
+        "{out}"
+    );
+    // librdkafka's reports of the broker it cannot reach (about 10 a second, each once to the
+    // error callback and again to its log) go through the rate-limited log: each kind's first
+    // line and one summary.
+    assert!(errors + warnings <= 10, "{out}");
+    assert!(
+        out.contains("kafka client error AllBrokersDown repeated"),
+        "the repeats are summarised:\n{out}"
+    );
+    assert_eq!(
+        replayed().await,
+        0,
+        "nothing was delivered, so nothing is marked"
+    );
+
+    // With the broker back, the same command replays and marks every one.
+    broker.cluster().broker_up(1).unwrap();
+    let (code, out) = operator(&db, &brokers, &["dead-letters", "replay", "--all"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("replayed 5 dead letters"), "{out}");
+    assert_eq!(replayed().await, 5);
+}
