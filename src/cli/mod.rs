@@ -191,7 +191,15 @@ async fn publish_dead_letters(
     let pool = database.pool(1, settings.database.connect_timeout());
     let (mut published, mut failed) = (0, 0);
     loop {
-        let round = publisher.publish_round(&pool).await?;
+        // Every pending letter, whether its backoff is over or not: an operator asks now.
+        let round = publisher
+            .publish_round(
+                &pool,
+                settings.pipeline.retry_initial(),
+                settings.pipeline.retry_max(),
+                true,
+            )
+            .await?;
         published += round.published;
         failed += round.failed;
         if round.pending == 0 || round.failed > 0 {
