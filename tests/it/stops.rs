@@ -83,13 +83,59 @@ fn assert_orderly(log: &str) {
 
 #[actix_rt::test]
 async fn a_stop_with_the_broker_already_dead_ends_within_its_deadline() {
-    let mut app = TestApp::spawn(stop_settings).await;
+    use history_service::domain::DecodeError;
+    use history_service::store::dead_letters::{self, DeadLetter, DeadLetterRow};
+
+    const DLQ: &str = "history.dlq";
+    let mut app = TestApp::spawn(|o| {
+        stop_settings(o);
+        o.env("HISTORY__DEAD_LETTER__TOPIC", DLQ);
+    })
+    .await;
+    app.broker().create_topic(DLQ, 1).unwrap();
     let records = backlog("dead-before", 600);
     let distinct = distinct_events(&records) as i64;
     app.produce(&records).await;
     app.wait_rows(distinct, Duration::from_secs(60)).await;
 
     app.broker().cluster().broker_down(1).unwrap();
+    // A dead letter the relay is publishing when the stop begins: its delivery waits on the
+    // dead broker (up to 30 s), and the stop must not wait for it.
+    let letter = DeadLetter::new(&DecodeError::NullPayload, None, None, None);
+    let row = DeadLetterRow {
+        topic: "elsewhere",
+        partition: 0,
+        offset: 0,
+        letter: &letter,
+    };
+    let pool = app.db.pool(1);
+    dead_letters::insert(&pool, std::slice::from_ref(&row))
+        .await
+        .unwrap();
+    dead_letters::request_publication(&pool, std::slice::from_ref(&row), DLQ)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while app
+        .db
+        .client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM dead_letters WHERE publish_claimed_until > now()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the relay took nothing:\n{}",
+            app.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (code, took) = stop_timed(&mut app, Signal::SIGTERM, None);
     let log = app.logs();
     eprintln!("broker dead before the stop: exit {code:?} after {took:?}");
