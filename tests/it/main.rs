@@ -23,5 +23,6 @@ mod pipeline;
 mod redelivery;
 mod repository;
 mod socket_activation;
+mod stops;
 mod store_semantics;
 mod stuck_events;
