@@ -3,6 +3,7 @@
 //! the graceful stop — stop fetching, let in-flight work finish (bounded by
 //! `pipeline.shutdown_timeout_ms`), commit, leave the group.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -89,6 +90,9 @@ pub struct Leftover {
     pub resolved_behind: usize,
     /// Partitions whose final position the broker did not confirm.
     pub uncommitted_partitions: usize,
+    /// The stop was cut short (a second signal, or its deadline) before the drain reported:
+    /// `unresolved` counts the records held then, and what was resolved is not known committed.
+    pub interrupted: bool,
 }
 
 impl Leftover {
@@ -123,6 +127,19 @@ pub async fn run(
 pub async fn run_with(
     settings: &Settings,
     shutdown: impl Future<Output = ()>,
+    handles: RunHandles,
+) -> Result<RunReport, ServiceError> {
+    run_until(settings, shutdown, std::future::pending(), handles).await
+}
+
+/// [`run_with`], with a stop that `hurry` cuts short: once the graceful stop has begun, `hurry`
+/// completing (a second signal) ends it at once — nothing more is awaited, no thread joined —
+/// and the report says what was left (not clean unless the stop had already got that far).
+/// The caller then exits the process without waiting for anything either.
+pub async fn run_until(
+    settings: &Settings,
+    shutdown: impl Future<Output = ()>,
+    hurry: impl Future<Output = ()>,
     handles: RunHandles,
 ) -> Result<RunReport, ServiceError> {
     let mut shutdown = std::pin::pin!(shutdown);
@@ -193,42 +210,49 @@ pub async fn run_with(
     };
 
     shutdown.await;
-    info!("shutdown requested: stopping fetch, draining in-flight records");
-    let stop_deadline = Instant::now() + settings.pipeline.shutdown_timeout();
-    let _ = supervisor.send(StopFetching).await;
-    let drained = pipeline.drain(settings.pipeline.shutdown_timeout()).await;
-    // The final commit gets what is left of the deadline, and at least one attempt.
-    let committed = supervisor
-        .send(CommitFinal {
-            positions: drained.positions.clone(),
-            deadline: stop_deadline,
-        })
-        .await
-        .unwrap_or_else(|_| CommitOutcome {
-            confirmed: Vec::new(),
-            failed: drained.positions.clone(),
-        });
-    let _ = supervisor.send(CloseConsumer).await;
-    if let Some(server) = http {
-        server.stop(true).await;
-    }
-    pipeline.stop();
-    kafka_arbiter.stop();
-    let _ = kafka_arbiter.join();
-    let stats = stats.snapshot();
-    let left = Leftover {
-        unresolved: drained.unresolved,
-        resolved_behind: drained.resolved_behind,
-        uncommitted_partitions: committed.failed.len(),
+    let timeout = settings.pipeline.shutdown_timeout();
+    info!(
+        timeout_ms = timeout.as_millis() as u64,
+        "shutdown requested: stopping fetch, draining in-flight records"
+    );
+    let clock = StopClock::start(timeout);
+    let progress = RefCell::new(StopProgress::default());
+    let stopped = {
+        let orderly = stop_in_order(
+            &clock,
+            &progress,
+            pipeline.clone(),
+            supervisor,
+            kafka_arbiter,
+            http,
+        );
+        tokio::select! {
+            biased;
+            () = hurry => Some("second signal: stopping now"),
+            finished = tokio::time::timeout(timeout + STOP_GRACE, orderly) => match finished {
+                Ok(()) => None,
+                Err(_) => Some("the stop's deadline passed: stopping now"),
+            },
+        }
     };
+    if let Some(why) = stopped {
+        warn!(
+            elapsed_ms = clock.elapsed().as_millis() as u64,
+            "{why}: what is not done is left to the next owner"
+        );
+    }
+    let held = pipeline.intake().level().records;
+    let (left, committed_partitions) = progress.into_inner().leftover(held);
+    let stats = stats.snapshot();
     if left.is_clean() {
         info!(
             applied = stats.applied,
             already_applied = stats.already_applied,
             dead_letters = stats.dead_lettered,
             unknown = stats.unknown,
-            committed_partitions = committed.confirmed.len(),
+            committed_partitions,
             left = 0,
+            elapsed_ms = clock.elapsed().as_millis() as u64,
             "history-service stopped: the final commit covers every record written"
         );
     } else {
@@ -240,12 +264,167 @@ pub async fn run_with(
             unresolved = left.unresolved,
             resolved_behind = left.resolved_behind,
             uncommitted_partitions = left.uncommitted_partitions,
+            interrupted = left.interrupted,
             left = left.unresolved + left.resolved_behind,
+            elapsed_ms = clock.elapsed().as_millis() as u64,
             "history-service stopped: records left behind the final commit; the next owner \
              re-reads them"
         );
     }
     Ok(RunReport { stats, left })
+}
+
+/// The least the final commit, the consumer's close and the threads' end each get when the
+/// drain used the whole deadline: a healthy broker answers within milliseconds.
+const STEP_FLOOR: Duration = Duration::from_secs(1);
+
+/// How far past `pipeline.shutdown_timeout_ms` the whole stop may run (the floors above, and
+/// the answers of the actors) before it is cut short like a second signal.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The stop's one deadline, which every step waits against.
+struct StopClock {
+    started: Instant,
+    deadline: Instant,
+}
+
+impl StopClock {
+    fn start(timeout: Duration) -> Self {
+        let started = Instant::now();
+        StopClock {
+            started,
+            deadline: started + timeout,
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// What is left of the deadline.
+    fn left(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// What is left of the deadline, but at least [`STEP_FLOOR`].
+    fn left_at_least_floor(&self) -> Duration {
+        self.left().max(STEP_FLOOR)
+    }
+}
+
+/// How far the stop got; read when it ends, in order or cut short.
+#[derive(Default)]
+struct StopProgress {
+    drained: Option<crate::actors::messages::DrainReport>,
+    committed: Option<CommitOutcome>,
+}
+
+impl StopProgress {
+    /// What the stop left behind, and how many partitions the final commit covered. `held`:
+    /// the records taken from Kafka and not resolved, counted when the drain did not report.
+    fn leftover(self, held: usize) -> (Leftover, usize) {
+        let Some(drained) = self.drained else {
+            let left = Leftover {
+                unresolved: held,
+                interrupted: true,
+                ..Leftover::default()
+            };
+            return (left, 0);
+        };
+        let (uncommitted, committed) = match self.committed {
+            Some(outcome) => (outcome.failed.len(), outcome.confirmed.len()),
+            None => (drained.positions.len(), 0),
+        };
+        let left = Leftover {
+            unresolved: drained.unresolved,
+            resolved_behind: drained.resolved_behind,
+            uncommitted_partitions: uncommitted,
+            interrupted: false,
+        };
+        (left, committed)
+    }
+}
+
+/// The graceful stop, each step under what is left of the deadline: stop fetching, let
+/// in-flight work finish, commit the final positions (waiting for the broker's confirmation),
+/// close the consumer, stop serving, end the threads. A step that does not end in time is left
+/// behind — a thread blocked on the broker is not waited for — and the stop goes on.
+async fn stop_in_order(
+    clock: &StopClock,
+    progress: &RefCell<StopProgress>,
+    pipeline: Pipeline,
+    supervisor: Addr<KafkaSupervisor>,
+    kafka_arbiter: Arbiter,
+    http: Option<http::Endpoints>,
+) {
+    if tokio::time::timeout(clock.left(), supervisor.send(StopFetching))
+        .await
+        .is_err()
+    {
+        warn!("the Kafka supervisor did not stop fetching within the stop's deadline");
+    }
+    // The committer answers at the deadline itself; the margin is for its mailbox.
+    let drain = pipeline.drain(clock.left());
+    let Ok(drained) = tokio::time::timeout(clock.left() + STEP_FLOOR, drain).await else {
+        warn!("the committer did not report the drain within the stop's deadline");
+        return;
+    };
+    progress.borrow_mut().drained = Some(drained.clone());
+    // The final commit gets what is left of the deadline, and at least the floor.
+    let commit_deadline = Instant::now() + clock.left_at_least_floor();
+    let commit = supervisor.send(CommitFinal {
+        positions: drained.positions.clone(),
+        deadline: commit_deadline,
+    });
+    let committed =
+        match tokio::time::timeout(clock.left_at_least_floor() + STEP_FLOOR, commit).await {
+            Ok(Ok(outcome)) => outcome,
+            _ => {
+                warn!("the Kafka supervisor did not answer the final commit in time");
+                CommitOutcome {
+                    confirmed: Vec::new(),
+                    failed: drained.positions.clone(),
+                }
+            }
+        };
+    progress.borrow_mut().committed = Some(committed);
+    let close = async {
+        if let Ok(closed) = supervisor.send(CloseConsumer).await {
+            let _ = closed.await;
+        }
+    };
+    if tokio::time::timeout(clock.left_at_least_floor(), close)
+        .await
+        .is_err()
+    {
+        warn!(
+            "the Kafka consumer did not close within the stop's deadline (the broker does not \
+             answer): not waiting for it; the group moves its partitions after the session \
+             timeout"
+        );
+    }
+    if let Some(server) = http {
+        server.stop(true).await;
+    }
+    // The writers', the relay's and the supervisor's threads end when their event loops do;
+    // a producer or consumer closing against a dead broker may hold one up: not waited for
+    // past the deadline.
+    let (ended, joined) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("history-stop".into())
+        .spawn(move || {
+            pipeline.stop();
+            kafka_arbiter.stop();
+            let _ = kafka_arbiter.join();
+            let _ = ended.send(());
+        })
+        .expect("cannot start the thread that ends the others");
+    if tokio::time::timeout(clock.left_at_least_floor(), joined)
+        .await
+        .is_err()
+    {
+        warn!("the service's threads did not end within the stop's deadline: not waiting for them");
+    }
 }
 
 /// What runs once the service has started.
@@ -379,15 +558,43 @@ async fn migrate_until_done(
 /// Completes on SIGINT, SIGTERM or SIGHUP: each asks for the same graceful stop. (SIGHUP does
 /// not reload: configuration is read at start, and a restart is how it changes.)
 pub async fn shutdown_signal() {
+    shutdown_signals().0.await
+}
+
+/// The process's stop signals: the first future completes on SIGINT, SIGTERM or SIGHUP (the
+/// graceful stop); the second on a SIGTERM or SIGINT after that one (stop now: see
+/// [`run_until`]). Must be called inside a runtime: a task listens from then on, so that no
+/// signal is missed between the two.
+pub fn shutdown_signals() -> (
+    impl Future<Output = ()> + Send + 'static,
+    impl Future<Output = ()> + Send + 'static,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
     let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
-    tokio::select! {
-        _ = terminate.recv() => info!("SIGTERM received"),
-        _ = interrupt.recv() => info!("SIGINT received"),
-        _ = hangup.recv() => info!("SIGHUP received"),
-    }
+    let (first, first_seen) = tokio::sync::oneshot::channel::<()>();
+    let (second, second_seen) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM received"),
+            _ = interrupt.recv() => info!("SIGINT received"),
+            _ = hangup.recv() => info!("SIGHUP received"),
+        }
+        let _ = first.send(());
+        tokio::select! {
+            _ = terminate.recv() => info!("SIGTERM received again"),
+            _ = interrupt.recv() => info!("SIGINT received again"),
+        }
+        let _ = second.send(());
+    });
+    // A dropped sender (the runtime ending) never completes the future.
+    let wait = |seen: tokio::sync::oneshot::Receiver<()>| async move {
+        if seen.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    (wait(first_seen), wait(second_seen))
 }
 
 #[cfg(test)]

@@ -295,36 +295,54 @@ impl Handler<CommitFinal> for KafkaSupervisor {
     }
 }
 
-/// Shutdown, step 3: leave the group and close the consumer.
+/// Shutdown, step 3: leave the group and close the consumer. Closing waits on the broker (the
+/// group's leave, the client's threads) and can take `session.timeout.ms` or longer with the
+/// broker gone, so it runs on a thread of its own; the answer completes when the consumer is
+/// closed, and the caller waits for it only as long as its deadline allows.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "tokio::sync::oneshot::Receiver<()>")]
 pub struct CloseConsumer;
 
 impl Handler<CloseConsumer> for KafkaSupervisor {
-    type Result = ();
+    type Result = MessageResult<CloseConsumer>;
 
-    fn handle(&mut self, _: CloseConsumer, ctx: &mut Context<Self>) {
-        if let Some(mut commits) = self.commits.take() {
-            commits.stop();
+    fn handle(&mut self, _: CloseConsumer, ctx: &mut Context<Self>) -> Self::Result {
+        let (closed, answer) = tokio::sync::oneshot::channel();
+        if let Some(consumer) = self.consumer() {
+            // Said now: a close the broker holds up may not end before the process does.
+            consumer.context().errors().flush_all();
         }
-        if let Some(consumer) = self.consumer.take() {
-            consumer.context().closing();
-            // A static member must not leave, so that its partitions wait for it to come back
-            // (KIP-345): closing never sends a LeaveGroup for one, unsubscribing does once its
-            // revoke is served (classic). Here that revoke is only served while closing, when
-            // librdkafka already suppresses the leave — not an order to rely on.
-            if !consumer.context().is_static_member() {
-                consumer.unsubscribe();
+        let commits = self.commits.take();
+        let consumer = self.consumer.take();
+        let closing = move || {
+            if let Some(mut commits) = commits {
+                commits.stop();
             }
-            // Dropping the last handle closes the consumer: it leaves the group (serving the
-            // final revoke, which commits nothing new) before returning.
-            match Arc::try_unwrap(consumer) {
-                Ok(consumer) => drop(consumer),
-                // The offset-reset thread may be in a broker lookup; the consumer closes when it
-                // lets go (its revoke then releases the partitions without waiting for us).
-                Err(_) => info!("consumer still in use by a lookup; it closes when released"),
+            if let Some(consumer) = consumer {
+                consumer.context().closing();
+                // A static member must not leave, so that its partitions wait for it to come
+                // back (KIP-345): closing never sends a LeaveGroup for one, unsubscribing does
+                // once its revoke is served (classic). Here that revoke is only served while
+                // closing, when librdkafka already suppresses the leave — not an order to rely on.
+                if !consumer.context().is_static_member() {
+                    consumer.unsubscribe();
+                }
+                // Dropping the last handle closes the consumer: it leaves the group (serving the
+                // final revoke, which commits nothing new) before returning.
+                match Arc::try_unwrap(consumer) {
+                    Ok(consumer) => drop(consumer),
+                    // The offset-reset thread may be in a broker lookup; the consumer closes when
+                    // it lets go (its revoke then releases the partitions without waiting for us).
+                    Err(_) => info!("consumer still in use by a lookup; it closes when released"),
+                }
             }
-        }
+            let _ = closed.send(());
+        };
+        std::thread::Builder::new()
+            .name("history-kafka-close".into())
+            .spawn(closing)
+            .expect("cannot start the thread that closes the consumer");
         ctx.stop();
+        MessageResult(answer)
     }
 }

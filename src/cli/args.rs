@@ -70,6 +70,11 @@ pub enum DeadLettersCommand {
         /// Show what would be replayed, publish nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Longest the whole replay waits for the broker to confirm the letters; those not
+        /// confirmed by then are not marked replayed, and the command exits 2.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        timeout: u64,
     },
     /// Publish the dead letters still waiting for `dead_letter.topic` now (the service's relay
     /// retries them anyway); exits 1 if some still fail, with the reason stored on each.

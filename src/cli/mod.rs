@@ -5,6 +5,7 @@ mod args;
 mod render;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -28,7 +29,12 @@ pub fn main() -> ExitCode {
     crate::telemetry::init(&settings.log);
     let runtime = actix_rt::System::new();
     let result = match cli.command {
-        Command::Run => runtime.block_on(run_service(&settings)),
+        Command::Run => {
+            let result = runtime.block_on(run_service(&settings));
+            // What the stop left running (a thread blocked on a broker that does not answer,
+            // the runtime's tasks) is not waited for: the stop has already reported.
+            std::process::exit(exit_code(result))
+        }
         Command::DeadLetters(command) => runtime.block_on(run_dead_letters(&settings, &command)),
         Command::Migrate(args) => runtime.block_on(run_migrate(&settings, &args)),
         Command::Verify(args) => runtime.block_on(run_verify(&settings, &args)),
@@ -42,19 +48,32 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// `run`'s exit status: 0 for a clean stop, 3 with leftovers, 2 for an error.
+fn exit_code(result: anyhow::Result<u8>) -> i32 {
+    match result {
+        Ok(code) => code.into(),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            2
+        }
+    }
+}
+
 /// `run`'s exit code when it stopped gracefully but the final commit did not cover every
 /// record it wrote (the database or the broker did not answer in time): nothing is lost, the
 /// next owner re-reads those records.
 pub const EXIT_STOPPED_WITH_LEFTOVERS: u8 = 3;
 
-async fn run_service(settings: &Settings) -> anyhow::Result<ExitCode> {
-    let report = crate::app::run(settings, crate::app::shutdown_signal())
+async fn run_service(settings: &Settings) -> anyhow::Result<u8> {
+    let (shutdown, hurry) = crate::app::shutdown_signals();
+    let handles = crate::app::RunHandles::default();
+    let report = crate::app::run_until(settings, shutdown, hurry, handles)
         .await
         .context("history-service failed")?;
     Ok(if report.left.is_clean() {
-        ExitCode::SUCCESS
+        0
     } else {
-        ExitCode::from(EXIT_STOPPED_WITH_LEFTOVERS)
+        EXIT_STOPPED_WITH_LEFTOVERS
     })
 }
 
@@ -80,6 +99,7 @@ async fn run_dead_letters(
             to_topic,
             all,
             dry_run,
+            timeout,
         } => {
             if !filter.narrows() && !all {
                 anyhow::bail!(
@@ -87,34 +107,73 @@ async fn run_dead_letters(
                 );
             }
             let letters = dead_letters::list(&client, &filter.filter()).await?;
-            let replayer = if *dry_run {
-                None
-            } else {
-                Some(crate::kafka::replay::Replayer::new(&settings.kafka)?)
-            };
-            for letter in &letters {
-                let target = to_topic.as_deref().unwrap_or(&letter.topic);
-                let origin = format!("{}/{}/{}", letter.topic, letter.partition, letter.offset);
-                match &replayer {
-                    None => println!("would replay {origin} to {target}"),
-                    Some(replayer) => {
-                        let (partition, offset) = replayer
-                            .replay(letter, to_topic.as_deref())
-                            .await
-                            .with_context(|| format!("failed to replay {origin}"))?;
-                        dead_letters::mark_replayed(&client, letter).await?;
-                        println!("replayed {origin} to {target}/{partition}/{offset}");
-                    }
+            if *dry_run {
+                for letter in &letters {
+                    let target = to_topic.as_deref().unwrap_or(&letter.topic);
+                    println!("would replay {} to {target}", origin(letter));
                 }
+                println!("would replay {} dead letters", letters.len());
+                return Ok(ExitCode::SUCCESS);
             }
-            println!(
-                "{} {} dead letters",
-                if *dry_run { "would replay" } else { "replayed" },
-                letters.len()
-            );
-            Ok(ExitCode::SUCCESS)
+            let timeout = Duration::from_secs(*timeout);
+            replay_dead_letters(settings, &client, &letters, to_topic.as_deref(), timeout).await
         }
         DeadLettersCommand::Publish => publish_dead_letters(settings, &database).await,
+    }
+}
+
+/// Letters whose delivery is awaited at once during a replay.
+const REPLAY_IN_FLIGHT: usize = 256;
+
+fn origin(letter: &dead_letters::StoredDeadLetter) -> String {
+    format!("{}/{}/{}", letter.topic, letter.partition, letter.offset)
+}
+
+/// `dead-letters replay`: publishes every letter, each delivery awaited until `timeout` from
+/// the start at most, and marks a letter replayed only once the broker confirmed it. Letters
+/// not confirmed in time, or refused, are left as they were and make it fail (exit 2).
+async fn replay_dead_letters(
+    settings: &Settings,
+    client: &tokio_postgres::Client,
+    letters: &[dead_letters::StoredDeadLetter],
+    to_topic: Option<&str>,
+    timeout: Duration,
+) -> anyhow::Result<ExitCode> {
+    use futures::StreamExt;
+
+    let replayer = crate::kafka::replay::Replayer::new(&settings.kafka, timeout)?;
+    let replayer = &replayer;
+    let mut deliveries = futures::stream::iter(letters)
+        .map(|letter| async move { (letter, replayer.replay(letter, to_topic).await) })
+        .buffered(REPLAY_IN_FLIGHT);
+    let (mut replayed, mut failed) = (0, 0);
+    let mut first_error = None;
+    while let Some((letter, delivered)) = deliveries.next().await {
+        let target = to_topic.unwrap_or(&letter.topic);
+        match delivered {
+            Ok((partition, offset)) => {
+                dead_letters::mark_replayed(client, letter).await?;
+                println!(
+                    "replayed {} to {target}/{partition}/{offset}",
+                    origin(letter)
+                );
+                replayed += 1;
+            }
+            Err(err) => {
+                println!("not replayed {} to {target}: {err}", origin(letter));
+                failed += 1;
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    println!("replayed {replayed} dead letters");
+    match first_error {
+        None => Ok(ExitCode::SUCCESS),
+        Some(err) => anyhow::bail!(
+            "{failed} of {} dead letters not replayed ({err}); they are not marked replayed: \
+             run the replay again once the broker accepts them",
+            letters.len()
+        ),
     }
 }
 
@@ -132,7 +191,15 @@ async fn publish_dead_letters(
     let pool = database.pool(1, settings.database.connect_timeout());
     let (mut published, mut failed) = (0, 0);
     loop {
-        let round = publisher.publish_round(&pool).await?;
+        // Every pending letter, whether its backoff is over or not: an operator asks now.
+        let round = publisher
+            .publish_round(
+                &pool,
+                settings.pipeline.retry_initial(),
+                settings.pipeline.retry_max(),
+                true,
+            )
+            .await?;
         published += round.published;
         failed += round.failed;
         if round.pending == 0 || round.failed > 0 {

@@ -86,7 +86,10 @@ fn run(
         }
         let mut positions: Vec<CommitPosition> = newest.into_values().collect();
         positions.sort_by(|a, b| a.tp.cmp(&b.tp));
-        let (outcome, _) = consumer.context().commit(&*consumer, &positions, reason);
+        let deadline = std::time::Instant::now() + consumer.context().commit_timeout();
+        let (outcome, _) = consumer
+            .context()
+            .commit(&*consumer, &positions, reason, deadline);
         results.do_send(CommitResult(outcome));
     }
 }

@@ -25,12 +25,13 @@ use std::time::{Duration, Instant};
 
 use actix::Recipient;
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
+use super::bounded_commit::commit_within;
 use super::commit_ledger::CommitLedger;
 use super::error_log::ClientErrorLog;
 use super::messages::{Lost, Revoke};
@@ -77,8 +78,9 @@ pub struct SupervisorContext {
     /// True once the consumer has joined its group and received an assignment (maybe empty).
     joined: Arc<AtomicBool>,
     /// The newest position the broker confirmed per partition. Held while a commit is under
-    /// way, so commits from the three paths never interleave.
-    ledger: Mutex<CommitLedger>,
+    /// way, so commits from the three paths never interleave; every commit waits for it, and
+    /// for the broker, only until its own deadline.
+    ledger: parking_lot::Mutex<CommitLedger>,
     /// Set once the final commit is done and the consumer is being closed: the revoke that
     /// closing serves must not wait for the actors, which may be stopping (or waiting for the
     /// thread that closes the consumer).
@@ -109,7 +111,7 @@ impl SupervisorContext {
             epochs: Mutex::new(HashMap::new()),
             next_epoch: AtomicU64::new(1),
             joined,
-            ledger: Mutex::new(CommitLedger::default()),
+            ledger: parking_lot::Mutex::new(CommitLedger::default()),
             closing: AtomicBool::new(false),
             errors: ClientErrorLog::default(),
             protocol: GroupProtocol::Classic,
@@ -192,16 +194,36 @@ impl SupervisorContext {
         metrics::set_assigned_partitions(epochs.len());
     }
 
-    /// Commits the positions that are ahead of what the broker confirmed, synchronously, and
-    /// reports what is committed now. A position of a partition no longer assigned here (its
-    /// epoch is over) is not sent: it is its next owner's to commit.
+    /// How long a periodic commit may wait for the broker's verdict (`kafka.revoke_timeout_ms`,
+    /// the bound of a commit's confirmation).
+    pub fn commit_timeout(&self) -> Duration {
+        self.revoke_timeout
+    }
+
+    /// Commits the positions that are ahead of what the broker confirmed, waits for the broker's
+    /// verdict until `deadline`, and reports what is committed now. A position of a partition
+    /// no longer assigned here (its epoch is over) is not sent: it is its next owner's to
+    /// commit. A commit still waiting at the deadline counts as not made.
     pub fn commit<C: Consumer<SupervisorContext>>(
         &self,
         consumer: &C,
         positions: &[CommitPosition],
         reason: &'static str,
+        deadline: Instant,
     ) -> (CommitOutcome, Option<KafkaError>) {
-        let mut ledger = self.ledger.lock().unwrap();
+        let Some(mut ledger) = self.ledger.try_lock_until(deadline) else {
+            warn!(
+                reason,
+                positions = positions.len(),
+                "offset commit not made: an earlier commit still waits for the broker"
+            );
+            let outcome = CommitOutcome {
+                confirmed: Vec::new(),
+                failed: positions.to_vec(),
+            };
+            let timed_out = KafkaError::ConsumerCommit(RDKafkaErrorCode::OperationTimedOut);
+            return (outcome, Some(timed_out));
+        };
         let plan = ledger.plan(positions, |tp| self.epoch_of(tp));
         for position in &plan.not_ours {
             debug!(tp = %position.tp, epoch = position.epoch, "not committed: assignment over");
@@ -209,7 +231,14 @@ impl SupervisorContext {
         if plan.send.is_empty() {
             return (CommitLedger::outcome(plan, true), None);
         }
-        match commit_sync(consumer, &plan.send, &self.stats, reason, self.protocol) {
+        match commit_sync(
+            consumer,
+            &plan.send,
+            &self.stats,
+            reason,
+            deadline,
+            self.protocol,
+        ) {
             Ok(()) => {
                 ledger.confirm(&plan.send);
                 (CommitLedger::outcome(plan, true), None)
@@ -230,7 +259,7 @@ impl SupervisorContext {
         let mut done = CommitOutcome::default();
         let mut pending = positions.to_vec();
         loop {
-            let (outcome, error) = self.commit(consumer, &pending, reason);
+            let (outcome, error) = self.commit(consumer, &pending, reason, deadline);
             done.confirmed.extend(outcome.confirmed);
             let retry = error
                 .as_ref()
@@ -307,7 +336,12 @@ impl SupervisorContext {
         // What is resolved already is committed at once; what was in flight follows below.
         if let Ok(positions) = early_answer.recv_timeout(REVOKE_ANSWER_MARGIN) {
             if !positions.is_empty() {
-                self.commit(consumer, &positions, "revoke");
+                self.commit(
+                    consumer,
+                    &positions,
+                    "revoke",
+                    started + self.revoke_timeout,
+                );
             }
         }
         match answer.recv_timeout(self.revoke_timeout + REVOKE_ANSWER_MARGIN) {
@@ -438,17 +472,17 @@ pub(crate) fn refusal(error: &KafkaError, protocol: GroupProtocol) -> Refusal {
     }
 }
 
-/// Commits and waits for the broker's answer, then records the outcome. (librdkafka reports
-/// nothing back for manual asynchronous commits, so every commit here is synchronous.)
+/// Commits and waits for the broker's answer until `deadline`, then records the outcome.
 fn commit_sync<C: ConsumerContext>(
     consumer: &impl Consumer<C>,
     positions: &[CommitPosition],
     stats: &Stats,
     reason: &'static str,
+    deadline: Instant,
     protocol: GroupProtocol,
 ) -> Result<(), KafkaError> {
     let tpl = commit_list(positions);
-    let result = consumer.commit(&tpl, CommitMode::Sync);
+    let result = commit_within(consumer, &tpl, deadline);
     let refused = result.as_ref().err().map(|err| refusal(err, protocol));
     match result {
         Ok(()) => {

@@ -233,6 +233,28 @@ impl ClientErrorLog {
         }
     }
 
+    /// A line of librdkafka's own log at warning level or above. The same failure usually
+    /// reaches the error callback too ([`client_error`](Self::client_error)): these lines are
+    /// aggregated the same way, under their facility (`FAIL`, `ERROR`, …), at WARN, so one
+    /// failure is not one ERROR line twice over.
+    pub fn client_log(&self, facility: &str, message: &str) {
+        let name = format!("log:{facility}");
+        let (verdict, summary) = self.record(&name, message, Severity::Warn);
+        if verdict == Verdict::Log {
+            warn!(facility, message, "kafka client log");
+        }
+        log_summary(summary);
+    }
+
+    /// Logs the summary of every error that repeated since its last line, interval over or
+    /// not: the client is about to close, and may not finish closing before the process ends.
+    pub fn flush_all(&self) {
+        let summaries = self.aggregator.lock().unwrap().flush_all(Instant::now());
+        for summary in summaries {
+            log_summary(Some(summary));
+        }
+    }
+
     fn record(&self, name: &str, detail: &str, severity: Severity) -> (Verdict, Option<Summary>) {
         metrics::kafka_client_error(name);
         self.aggregator
@@ -252,6 +274,40 @@ impl Drop for ClientErrorLog {
         for summary in aggregator.flush_all(Instant::now()) {
             log_summary(Some(summary));
         }
+    }
+}
+
+/// The context of the service's producers (the dead-letter topic, replays): their client
+/// errors and librdkafka's error lines go through one [`ClientErrorLog`] instead of a line each,
+/// and its summaries are said when the producer is dropped.
+#[derive(Debug, Default)]
+pub struct LoggedClientContext {
+    errors: ClientErrorLog,
+}
+
+impl LoggedClientContext {
+    pub fn new(interval: Duration) -> Self {
+        LoggedClientContext {
+            errors: ClientErrorLog::new(interval),
+        }
+    }
+
+    pub fn errors(&self) -> &ClientErrorLog {
+        &self.errors
+    }
+}
+
+impl rdkafka::client::ClientContext for LoggedClientContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel::*;
+        match level {
+            Emerg | Alert | Critical | Error | Warning => self.errors.client_log(facility, message),
+            Notice | Info | Debug => tracing::debug!(facility, message, "kafka client log"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.errors.client_error(&error, reason);
     }
 }
 

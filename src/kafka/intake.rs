@@ -45,8 +45,10 @@ impl Intake {
         let observer = {
             let changed = changed.clone();
             move |before: Level, after: Level| {
-                records.set(after.records as f64);
-                bytes.set(after.bytes as f64);
+                // By the change, not the level: releases on several threads can report their
+                // levels out of order, and a gauge set last to a stale level would stay wrong.
+                records.increment(after.records as f64 - before.records as f64);
+                bytes.increment(after.bytes as f64 - before.bytes as f64);
                 let below =
                     |before: usize, after: usize, mark: usize| before >= mark && after < mark;
                 let freed = below(before.records, after.records, limits.records)

@@ -1,12 +1,13 @@
 //! Replaying dead letters: republishing their original bytes to a topic (by default the one
 //! they came from) once the cause is fixed — a producer corrected, or a limit raised.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use super::error_log::LoggedClientContext;
 use crate::config::KafkaSettings;
 use crate::store::dead_letters::StoredDeadLetter;
 
@@ -14,23 +15,51 @@ use crate::store::dead_letters::StoredDeadLetter;
 pub const HEADER_REPLAY_OF: &str = "history.replay.of";
 
 pub struct Replayer {
-    producer: FutureProducer,
+    producer: FutureProducer<LoggedClientContext>,
+    timeout: Duration,
+    deadline: Instant,
+}
+
+/// A letter not replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The broker refused it, or librdkafka gave up on it.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    /// The broker did not confirm it within the replay's bound.
+    #[error("not confirmed by the broker within the replay's timeout ({timeout_s} s)")]
+    TimedOut { timeout_s: u64 },
 }
 
 impl Replayer {
-    pub fn new(settings: &KafkaSettings) -> Result<Self, super::KafkaSetupError> {
+    /// A producer whose every delivery must be confirmed within `timeout` from now: the whole
+    /// replay's bound. librdkafka gives up on a record at the same moment (`message.timeout.ms`,
+    /// unless the operator set it), so none is delivered after the replay stopped waiting.
+    pub fn new(
+        settings: &KafkaSettings,
+        timeout: Duration,
+    ) -> Result<Self, super::KafkaSetupError> {
+        let mut config = super::producer_config(settings)?;
+        if config.get("message.timeout.ms").is_none() {
+            config.set("message.timeout.ms", timeout.as_millis().max(1).to_string());
+        }
+        let context = LoggedClientContext::new(settings.error_log_interval());
+        let producer =
+            super::create_client("producer", settings, || config.create_with_context(context))?;
         Ok(Replayer {
-            producer: super::create_producer(settings)?,
+            producer,
+            timeout,
+            deadline: Instant::now() + timeout,
         })
     }
 
     /// Publishes one letter's key and payload (a tombstone stays a tombstone) to `topic`, or
-    /// to its original topic; returns where it landed.
+    /// to its original topic; returns where it landed once the broker confirmed it.
     pub async fn replay(
         &self,
         letter: &StoredDeadLetter,
         topic: Option<&str>,
-    ) -> Result<(i32, i64), KafkaError> {
+    ) -> Result<(i32, i64), ReplayError> {
         let origin = format!("{}/{}/{}", letter.topic, letter.partition, letter.offset);
         let headers = OwnedHeaders::new().insert(Header {
             key: HEADER_REPLAY_OF,
@@ -44,11 +73,24 @@ impl Replayer {
         if let Some(payload) = &letter.payload {
             record = record.payload(&payload[..]);
         }
-        let delivery = self
-            .producer
-            .send(record, Duration::from_secs(30))
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let send = self.producer.send(record, left);
+        let timed_out = || ReplayError::TimedOut {
+            timeout_s: self.timeout_s(),
+        };
+        let delivery = tokio::time::timeout_at(self.deadline.into(), send)
             .await
-            .map_err(|(err, _)| err)?;
+            .map_err(|_| timed_out())?
+            .map_err(|(err, _)| match err {
+                KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::MessageTimedOut,
+                ) => timed_out(),
+                err => ReplayError::Kafka(err),
+            })?;
         Ok((delivery.partition, delivery.offset))
+    }
+
+    fn timeout_s(&self) -> u64 {
+        self.timeout.as_secs()
     }
 }

@@ -3,6 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 
 use super::pool::{PgPool, StoreError};
@@ -141,58 +143,54 @@ pub struct PendingLetter {
 /// What one round of publishing did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PublishRound {
-    /// Letters pending when the round started (at most the limit).
+    /// Letters claimed by the round (at most the limit).
     pub pending: usize,
     pub published: usize,
     pub failed: usize,
 }
 
-/// Publishes up to `limit` letters pending for `topic`, through `publish` (one
-/// result per letter), and records the outcome on each row: published, or the attempt and its
-/// error. The rows are locked while they are published (`SKIP LOCKED`: several replicas, or an
-/// operator's `dead-letters publish`, never publish the same letter at once). Letters that
-/// failed least go first, oldest first among equals: letters the topic refuses for good (too
-/// large) never hold back the ones after them.
+/// How a round claims letters and sets aside the ones that failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublishPolicy {
+    /// How long a claim keeps other rounds (other replicas, an operator's `dead-letters
+    /// publish`) off the claimed letters: longer than the round's bounded wait on the broker.
+    pub lease: Duration,
+    /// A letter that failed waits `retry_initial`, doubling with each failed attempt up to
+    /// `retry_max`, before a round takes it again.
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    /// Take letters that are still waiting out their backoff too (an operator asking now).
+    pub ignore_backoff: bool,
+}
+
+/// Publishes up to `limit` letters pending for `topic`, through `publish` (one result per
+/// letter), and records how each went. No transaction is open while `publish` runs:
+///
+/// 1. a short transaction claims the letters (`FOR UPDATE SKIP LOCKED`, then a claim until
+///    now + `lease`): several replicas, or an operator's `dead-letters publish`, never publish
+///    the same letter at once;
+/// 2. `publish` runs — the caller bounds its wait on the broker below the lease;
+/// 3. a short transaction marks the published letters, and sets the failed ones aside with
+///    their reason (`publish_attempts`, `publish_error`) until their backoff is over.
+///
+/// Letters that failed least go first, oldest first among equals, and a letter waiting out its
+/// backoff is not taken: letters the topic refuses for good (too large) never hold back others.
 pub async fn publish_pending<F, Fut>(
     pool: &PgPool,
     topic: &str,
     limit: i64,
+    policy: PublishPolicy,
     publish: F,
 ) -> Result<PublishRound, StoreError>
 where
     F: FnOnce(Vec<PendingLetter>) -> Fut,
     Fut: std::future::Future<Output = Vec<Result<(), String>>>,
 {
-    let mut conn = pool.get().await?;
-    let tx = conn.client.transaction().await?;
-    let pending: Vec<PendingLetter> = tx
-        .query(
-            "SELECT topic, partition, \"offset\", record_key, payload, reason_code, reason \
-             FROM dead_letters WHERE publish_to = $1 AND published_at IS NULL \
-             ORDER BY publish_attempts, first_seen, topic, partition, \"offset\" LIMIT $2 \
-             FOR UPDATE SKIP LOCKED",
-            &[&topic, &limit],
-        )
-        .await?
-        .iter()
-        .map(|row| PendingLetter {
-            topic: row.get(0),
-            partition: row.get(1),
-            offset: row.get(2),
-            key: row.get(3),
-            payload: row.get(4),
-            reason_code: row.get(5),
-            reason: row.get(6),
-        })
-        .collect();
+    let pending = claim(pool, topic, limit, policy).await?;
     if pending.is_empty() {
         return Ok(PublishRound::default());
     }
     let results = publish(pending.clone()).await;
-    let mut round = PublishRound {
-        pending: pending.len(),
-        ..PublishRound::default()
-    };
     let (mut ok, mut failed) = (Vec::new(), Vec::new());
     for (letter, result) in pending.iter().zip(results) {
         match result {
@@ -200,8 +198,78 @@ where
             Err(error) => failed.push((letter, error)),
         }
     }
-    round.published = ok.len();
-    round.failed = failed.len();
+    let round = PublishRound {
+        pending: pending.len(),
+        published: ok.len(),
+        failed: failed.len(),
+    };
+    record_outcomes(pool, &ok, &failed, policy).await?;
+    Ok(round)
+}
+
+/// Step 1 of [`publish_pending`]: claims the letters in one statement (its own transaction).
+async fn claim(
+    pool: &PgPool,
+    topic: &str,
+    limit: i64,
+    policy: PublishPolicy,
+) -> Result<Vec<PendingLetter>, StoreError> {
+    let conn = pool.get().await?;
+    let lease_ms = policy.lease.as_millis() as f64;
+    let rows = conn
+        .client
+        .query(
+            "WITH claimable AS ( \
+                 SELECT topic, partition, \"offset\", publish_attempts, first_seen \
+                 FROM dead_letters \
+                 WHERE publish_to = $1 AND published_at IS NULL \
+                   AND (publish_claimed_until IS NULL OR publish_claimed_until <= now()) \
+                   AND ($4 OR publish_next_at IS NULL OR publish_next_at <= now()) \
+                 ORDER BY publish_attempts, first_seen, topic, partition, \"offset\" LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED) \
+             UPDATE dead_letters AS d \
+             SET publish_claimed_until = now() + $3 * interval '1 millisecond' \
+             FROM claimable AS c \
+             WHERE (d.topic, d.partition, d.\"offset\") = (c.topic, c.partition, c.\"offset\") \
+             RETURNING d.topic, d.partition, d.\"offset\", d.record_key, d.payload, \
+                       d.reason_code, d.reason, c.publish_attempts, c.first_seen",
+            &[&topic, &limit, &lease_ms, &policy.ignore_backoff],
+        )
+        .await?;
+    let mut claimed: Vec<(i32, DateTime<Utc>, PendingLetter)> = rows
+        .iter()
+        .map(|row| {
+            let letter = PendingLetter {
+                topic: row.get(0),
+                partition: row.get(1),
+                offset: row.get(2),
+                key: row.get(3),
+                payload: row.get(4),
+                reason_code: row.get(5),
+                reason: row.get(6),
+            };
+            (row.get(7), row.get(8), letter)
+        })
+        .collect();
+    claimed.sort_by(|a, b| {
+        (a.0, a.1, &a.2.topic, a.2.partition, a.2.offset).cmp(&(
+            b.0,
+            b.1,
+            &b.2.topic,
+            b.2.partition,
+            b.2.offset,
+        ))
+    });
+    Ok(claimed.into_iter().map(|(_, _, letter)| letter).collect())
+}
+
+/// Step 3 of [`publish_pending`]: one short transaction; each claim is released.
+async fn record_outcomes(
+    pool: &PgPool,
+    ok: &[&PendingLetter],
+    failed: &[(&PendingLetter, String)],
+    policy: PublishPolicy,
+) -> Result<(), StoreError> {
     let column = |letters: &[&PendingLetter]| {
         (
             letters.iter().map(|l| l.topic.clone()).collect::<Vec<_>>(),
@@ -209,10 +277,13 @@ where
             letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
         )
     };
+    let mut conn = pool.get().await?;
+    let tx = conn.client.transaction().await?;
     if !ok.is_empty() {
-        let (topics, partitions, offsets) = column(&ok);
+        let (topics, partitions, offsets) = column(ok);
         tx.execute(
-            "UPDATE dead_letters SET published_at = now(), publish_error = NULL \
+            "UPDATE dead_letters SET published_at = now(), publish_error = NULL, \
+                 publish_claimed_until = NULL, publish_next_at = NULL \
              WHERE (topic, partition, \"offset\") IN \
              (SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]))",
             &[&topics, &partitions, &offsets],
@@ -223,18 +294,50 @@ where
         let letters: Vec<&PendingLetter> = failed.iter().map(|(letter, _)| *letter).collect();
         let (topics, partitions, offsets) = column(&letters);
         let errors: Vec<&str> = failed.iter().map(|(_, error)| error.as_str()).collect();
+        let initial_ms = policy.retry_initial.as_millis() as f64;
+        let max_ms = policy.retry_max.as_millis() as f64;
+        // The backoff doubles per failed attempt (the exponent capped, so it cannot overflow).
         tx.execute(
             "UPDATE dead_letters AS d \
-             SET publish_attempts = d.publish_attempts + 1, publish_error = f.error \
+             SET publish_attempts = d.publish_attempts + 1, publish_error = f.error, \
+                 publish_claimed_until = NULL, \
+                 publish_next_at = now() + least($5, $6 * power(2, least(d.publish_attempts, 30))) \
+                     * interval '1 millisecond' \
              FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[]) \
                   AS f(topic, partition, \"offset\", error) \
              WHERE (d.topic, d.partition, d.\"offset\") = (f.topic, f.partition, f.\"offset\")",
-            &[&topics, &partitions, &offsets, &errors],
+            &[
+                &topics,
+                &partitions,
+                &offsets,
+                &errors,
+                &max_ms,
+                &initial_ms,
+            ],
         )
         .await?;
     }
     tx.commit().await?;
-    Ok(round)
+    Ok(())
+}
+
+/// How long until the next letter pending for `topic` becomes claimable (its backoff or its
+/// claim over; zero if one is already), by the database's clock; `None` when nothing is
+/// pending.
+pub async fn next_due(pool: &PgPool, topic: &str) -> Result<Option<Duration>, StoreError> {
+    let conn = pool.get().await?;
+    let row = conn
+        .client
+        .query_one(
+            "SELECT extract(epoch FROM min(greatest(coalesce(publish_next_at, now()), \
+                                                    coalesce(publish_claimed_until, now()))) \
+                                   - now())::float8 \
+             FROM dead_letters WHERE publish_to = $1 AND published_at IS NULL",
+            &[&topic],
+        )
+        .await?;
+    let seconds: Option<f64> = row.get(0);
+    Ok(seconds.map(|seconds| Duration::from_secs_f64(seconds.max(0.0))))
 }
 
 fn coordinates<'a>(rows: &[DeadLetterRow<'a>]) -> (Vec<&'a str>, Vec<i32>, Vec<i64>) {

@@ -30,6 +30,10 @@ pub struct CheckerReport {
     pub checked: usize,
     pub covered: usize,
     pub violations: Vec<String>,
+    /// Commits that moved a position backwards (each also a violation).
+    pub regressions: usize,
+    /// The longest time between two advances of any partition's committed position.
+    pub longest_stall: Duration,
 }
 
 impl Checker {
@@ -125,11 +129,15 @@ pub fn spawn_checker(
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        violations.extend(backward_commits(&mut history));
+        let backward = backward_commits(&mut history);
+        let regressions = backward.len();
+        violations.extend(backward);
         CheckerReport {
             checked,
             covered,
             violations,
+            regressions,
+            longest_stall: longest_stall(&history),
         }
     });
     Checker { handle, stop }
@@ -154,6 +162,26 @@ fn backward_commits(
         }
     }
     violations
+}
+
+/// The longest time between two advances of a partition's committed position, over every
+/// partition (`history` sorted by time, as [`backward_commits`] leaves it).
+fn longest_stall(history: &[Vec<(chrono::DateTime<chrono::Utc>, i64, usize)>]) -> Duration {
+    let mut longest = Duration::ZERO;
+    for commits in history {
+        let mut last: Option<(chrono::DateTime<chrono::Utc>, i64)> = None;
+        for &(at, offset, _) in commits {
+            match last {
+                Some((since, position)) if offset > position => {
+                    longest = longest.max((at - since).to_std().unwrap_or_default());
+                    last = Some((at, offset));
+                }
+                None => last = Some((at, offset)),
+                Some(_) => {}
+            }
+        }
+    }
+    longest
 }
 
 /// The offsets among `wanted` whose effect was not durable at `committed_at`: missing from the
@@ -226,6 +254,9 @@ pub struct FinalCheck {
     pub poison: usize,
     pub lost: usize,
     pub doubled: usize,
+    /// Records acknowledged by the broker and never stored (events without a row, poison
+    /// without its dead letter).
+    pub unseen: usize,
     pub violations: Vec<String>,
 }
 
@@ -326,12 +357,18 @@ pub fn final_checks(
     }
     let stored: HashMap<(i32, i64), String> =
         letters.into_iter().map(|(p, o, r)| ((p, o), r)).collect();
+    found.unseen = found.lost;
     for (place, reason) in &poison {
         match stored.get(place) {
             Some(found) if found == reason => {}
-            other => found.violations.push(format!(
-                "poison at {place:?} ({reason}): dead letter {other:?}"
-            )),
+            other => {
+                if other.is_none() {
+                    found.unseen += 1;
+                }
+                found.violations.push(format!(
+                    "poison at {place:?} ({reason}): dead letter {other:?}"
+                ))
+            }
         }
     }
     if stored.len() != poison.len() {

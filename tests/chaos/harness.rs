@@ -44,6 +44,36 @@ pub struct Figures {
     pub violations: Vec<String>,
     /// Each instance's /metrics just before the final stop.
     pub final_metrics: Vec<String>,
+    pub freezes: usize,
+    /// `Applied` outcomes the instances counted, every lifetime of every instance (a killed
+    /// one's scraped just before the kill, so what it applied in its last moments is missing).
+    pub applied_outcomes: u64,
+    /// `AlreadyApplied` outcomes, likewise.
+    pub already_applied_outcomes: u64,
+    /// Records acknowledged by the broker but never stored: events without a history row,
+    /// poison records without a dead letter.
+    pub unseen: usize,
+    /// Commits that moved a partition's committed position backwards.
+    pub regressions: usize,
+    /// The longest time any partition's committed position stood still while records were
+    /// produced to it.
+    pub longest_stall: Duration,
+}
+
+impl Figures {
+    /// Events recorded more than once, as the instances themselves counted: `Applied` outcomes
+    /// beyond the distinct events (negative when some were not counted: a commit whose reply
+    /// was lost is Unknown and its retry AlreadyApplied, and a killed instance's last moments
+    /// are not scraped).
+    pub fn applied_twice(&self) -> i64 {
+        self.applied_outcomes as i64 - self.distinct_events as i64
+    }
+
+    /// Records processed again after a fault: `AlreadyApplied` outcomes beyond the duplicates
+    /// the workload itself contains.
+    pub fn redone(&self) -> i64 {
+        self.already_applied_outcomes as i64 - self.duplicates as i64
+    }
 }
 
 impl Figures {
@@ -51,7 +81,9 @@ impl Figures {
         format!(
             "chaos run: seed {seed}, {:.0} s\n  records {}  (distinct events {}, duplicates {}, poison {})\n  \
              kills {}  starts {}  postgres restarts {}  backend terminations {}  broker faults {}\n  \
-             rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})\n  lost {}  doubled {}  commit-order violations {}\n",
+             freezes {}  rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})\n  \
+             lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
+             violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n",
             elapsed.as_secs_f64(),
             self.records,
             self.distinct_events,
@@ -62,13 +94,21 @@ impl Figures {
             self.postgres_restarts,
             self.backend_terminations,
             self.broker_faults,
+            self.freezes,
             self.rebalances,
             self.assignments_lost,
             self.commits_checked,
             self.commits_covered,
             self.lost,
             self.doubled,
-            self.violations.len()
+            self.applied_twice(),
+            self.unseen,
+            self.regressions,
+            self.violations.len(),
+            self.redone(),
+            self.longest_stall.as_secs_f64(),
+            self.applied_outcomes,
+            self.already_applied_outcomes,
         )
     }
 }
@@ -180,8 +220,27 @@ impl Chaos {
 
     pub fn kill_instance(&mut self, n: usize) {
         if let Some(instance) = self.instances[n].take() {
+            self.count_outcomes(&instance.metrics());
             instance.kill();
             self.figures.kills += 1;
+        }
+    }
+
+    /// Adds an instance lifetime's outcomes, from its /metrics.
+    fn count_outcomes(&mut self, metrics: &str) {
+        let metrics = history_devkit::probe::Metrics::parse(metrics);
+        let outcome = |name: &str| {
+            metrics
+                .get(&format!("history_events_total{{outcome=\"{name}\"}}"))
+                .unwrap_or(0.0) as u64
+        };
+        self.figures.applied_outcomes += outcome("applied");
+        self.figures.already_applied_outcomes += outcome("already_applied");
+    }
+
+    pub fn signal_instance(&mut self, n: usize, signal: history_devkit::process::Signal) {
+        if let Some(instance) = self.instances[n].as_mut() {
+            instance.signal(signal);
         }
     }
 
@@ -291,6 +350,13 @@ impl Chaos {
                 Action::RestartPostgres => self.restart_postgres(),
                 Action::TerminateBackends => self.terminate_backends(),
                 Action::Broker(command) => self.broker_fault(&command),
+                Action::Freeze(n) => {
+                    self.signal_instance(n, history_devkit::process::Signal::SIGSTOP);
+                    self.figures.freezes += 1;
+                }
+                Action::Thaw(n) => {
+                    self.signal_instance(n, history_devkit::process::Signal::SIGCONT)
+                }
             }
         }
         producer.join().expect("the producer delivered everything");
@@ -304,17 +370,23 @@ impl Chaos {
             self.figures.broker_faults -= 1;
         }
         for n in 0..self.instances.len() {
+            self.signal_instance(n, history_devkit::process::Signal::SIGCONT);
             self.start_instance(n);
         }
 
         let ends = wait_until_committed(&self.runtime, &self.brokers, Duration::from_secs(180));
         self.figures.final_metrics = (0..self.instances.len()).map(|n| self.metrics(n)).collect();
+        for metrics in self.figures.final_metrics.clone() {
+            self.count_outcomes(&metrics);
+        }
         // Once they are stopped, every line they wrote has been read: the checker has every
         // commit.
         self.stop_instances();
         let checked = checker.finish();
         self.figures.commits_checked = checked.checked;
         self.figures.commits_covered = checked.covered;
+        self.figures.regressions = checked.regressions;
+        self.figures.longest_stall = checked.longest_stall;
         self.figures.violations.extend(checked.violations);
         self.figures.rebalances = self.feed.rebalances.load(Ordering::Relaxed);
         self.figures.assignments_lost = self.feed.assignments_lost.load(Ordering::Relaxed);
@@ -333,6 +405,7 @@ impl Chaos {
         self.figures.poison = found.poison;
         self.figures.lost = found.lost;
         self.figures.doubled = found.doubled;
+        self.figures.unseen = found.unseen;
         self.figures.violations.extend(found.violations);
         let figures = self.figures.clone();
         eprintln!("{}", figures.render(self.seed, started.elapsed()));

@@ -15,6 +15,10 @@ use history_devkit::process::{Process, StillRunning, local_listener};
 use crate::checker::CommitSeen;
 use crate::schedule::{GROUP, MAX_PAYLOAD, TOPIC};
 
+/// The instances' `kafka.session_timeout_ms`: short, so a crashed or frozen member's
+/// partitions move soon.
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// What the instances' logs report, gathered from all of them.
 #[derive(Clone)]
 pub struct LogFeed {
@@ -83,7 +87,10 @@ impl Instance {
             ("HISTORY__KAFKA__BROKERS", brokers.to_owned()),
             ("HISTORY__KAFKA__GROUP_ID", GROUP.into()),
             ("HISTORY__KAFKA__TOPICS", TOPIC.into()),
-            ("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "3000".into()),
+            (
+                "HISTORY__KAFKA__SESSION_TIMEOUT_MS",
+                SESSION_TIMEOUT.as_millis().to_string(),
+            ),
             ("HISTORY__KAFKA__FETCH_WAIT_MAX_MS", "20".into()),
             ("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", "100".into()),
             ("HISTORY__PIPELINE__RETRY_INITIAL_MS", "50".into()),
@@ -125,6 +132,11 @@ impl Instance {
     /// SIGKILL: no LeaveGroup, no final commit. Returns once every line it wrote was read.
     pub fn kill(mut self) {
         self.process.kill();
+    }
+
+    /// SIGSTOP or SIGCONT: a member frozen (a GC pause, a stalled VM) and thawed.
+    pub fn signal(&mut self, signal: history_devkit::process::Signal) {
+        self.process.signal(signal);
     }
 
     /// SIGTERM: the graceful stop, waited for by [`Instance::wait_stopped`].

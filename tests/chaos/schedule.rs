@@ -53,8 +53,62 @@ pub enum Action {
     Start(usize),
     RestartPostgres,
     TerminateBackends,
+    /// SIGSTOP: the instance freezes, its sockets open, its heartbeats stopped.
+    Freeze(usize),
+    /// SIGCONT.
+    Thaw(usize),
     /// A line for `dev-kafka`'s fault channel.
     Broker(String),
+}
+
+/// A seeded schedule of frozen members: `freezes` times one of `instances` is stopped (SIGSTOP)
+/// for 1 to 3 session timeouts — or, one time in four, for less than one — then continued;
+/// meanwhile the broker refuses some offset commits and fetches and, for a while, answers 200 ms
+/// late.
+pub fn frozen_members(
+    seed: u64,
+    duration: Duration,
+    instances: usize,
+    freezes: usize,
+    session_timeout: Duration,
+) -> Vec<(Duration, Action)> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut plan = Vec::new();
+    let slot = duration.mul_f64(0.8) / freezes.max(1) as u32;
+    for k in 0..freezes {
+        let at = slot * k as u32 + slot.mul_f64(rng.random_range(0.1..0.4));
+        let instance = rng.random_range(0..instances);
+        let length = if rng.random_bool(0.25) {
+            session_timeout.mul_f64(rng.random_range(0.2..0.8))
+        } else {
+            session_timeout.mul_f64(rng.random_range(1.2..3.0))
+        };
+        plan.push((at, Action::Freeze(instance)));
+        plan.push((at + length, Action::Thaw(instance)));
+    }
+    let mut at = |from: f64, to: f64| duration.mul_f64(rng.random_range(from..to));
+    for (api, error) in [
+        ("offset-commit", "coordinator-not-available"),
+        ("offset-commit", "request-timed-out"),
+        ("fetch", "transport"),
+        ("fetch", "not-leader"),
+    ] {
+        plan.push((
+            at(0.05, 0.8),
+            Action::Broker(format!("request-errors {api} 2 {error}")),
+        ));
+    }
+    let slow_from = at(0.2, 0.6);
+    let slow_for = duration.mul_f64(0.1);
+    for broker in 1..=3 {
+        plan.push((slow_from, Action::Broker(format!("rtt {broker} 200"))));
+        plan.push((
+            slow_from + slow_for,
+            Action::Broker(format!("rtt {broker} 0")),
+        ));
+    }
+    plan.sort_by_key(|(when, _)| *when);
+    plan
 }
 
 /// A seeded schedule: the same seed gives the same actions at the same offsets.

@@ -8,6 +8,8 @@ use std::time::Duration;
 use history_devkit::test_app::TestApp;
 use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
 
+use crate::stuck_events::{planned, reject_ticket_poison};
+
 /// Payload bytes of each record: far above the ≈ 0.5 KB of a ticket event.
 const RECORD_BYTES: usize = 256 * 1024;
 /// Records per partition: the embedded broker keeps 5 MiB of each.
@@ -166,23 +168,6 @@ async fn big_records_on_96_partitions_wait_within_the_budget_while_the_database_
     big_records_wait_within_the_budget_while_the_database_is_away(96).await;
 }
 
-fn event_on(partition: i32, id: &str, ticket: &str) -> PlannedRecord {
-    PlannedRecord {
-        key: ticket.as_bytes().to_vec(),
-        payload: Some(event_payload(
-            id,
-            ticket,
-            "open",
-            "closed",
-            chrono::Utc::now(),
-        )),
-        partition: Some(partition),
-        kind: RecordKind::Event {
-            event_id: id.to_owned(),
-        },
-    }
-}
-
 /// One event the database keeps rejecting, early in partition 2 of 4, with a budget of 1,000
 /// records and windows of 1,000: the stuck partition's window fills and pauses it alone, so
 /// its records beyond the window wait in the broker, not in the budget — the other partitions
@@ -199,26 +184,18 @@ async fn a_stuck_partition_is_paused_alone_and_the_others_drain_with_the_budget(
             .env("HISTORY__PIPELINE__RETRY_MAX_MS", "200");
     })
     .await;
-    app.db
-        .client()
-        .await
-        .batch_execute(
-            "ALTER TABLE history_events ADD CONSTRAINT no_poison \
-             CHECK (ticket_id <> 'ticket-poison')",
-        )
-        .await
-        .unwrap();
+    reject_ticket_poison(&app, true).await;
     let mut records = Vec::new();
     for n in 0..PER_PARTITION {
         for partition in 0..4 {
-            records.push(event_on(
-                partition,
+            records.push(planned(
                 &format!("e-{partition}-{n}"),
                 &format!("ticket-{n}"),
+                partition,
             ));
         }
         if n == 100 {
-            records.push(event_on(2, "the-poison", "ticket-poison"));
+            records.push(planned("the-poison", "ticket-poison", 2));
         }
     }
     let delivered = app.produce(&records).await;
@@ -245,12 +222,7 @@ async fn a_stuck_partition_is_paused_alone_and_the_others_drain_with_the_budget(
         "the stuck partition's records beyond its window waited in the broker"
     );
 
-    app.db
-        .client()
-        .await
-        .batch_execute("ALTER TABLE history_events DROP CONSTRAINT no_poison")
-        .await
-        .unwrap();
+    reject_ticket_poison(&app, false).await;
     app.wait_committed(Duration::from_secs(60)).await;
     assert_eq!(
         app.db.count("history_events").await,
@@ -275,7 +247,7 @@ async fn a_paused_partition_revoked_and_assigned_again_flows_again() {
     })
     .await;
     let records: Vec<PlannedRecord> = (0..3000)
-        .map(|n| event_on(n % 2, &format!("r-{n}"), &format!("ticket-{n}")))
+        .map(|n| planned(&format!("r-{n}"), &format!("ticket-{n}"), n % 2))
         .collect();
     first.start();
     first

@@ -23,6 +23,8 @@ mod pacing;
 mod pipeline;
 mod redelivery;
 mod repository;
+mod slow_broker;
 mod socket_activation;
+mod stops;
 mod store_semantics;
 mod stuck_events;

@@ -12,7 +12,7 @@ const PER_PARTITION: i64 = 60;
 /// Where the poison-for-the-database event goes.
 const STUCK_PARTITION: i32 = 2;
 
-fn planned(event_id: &str, ticket_id: &str, partition: i32) -> PlannedRecord {
+pub(crate) fn planned(event_id: &str, ticket_id: &str, partition: i32) -> PlannedRecord {
     PlannedRecord {
         key: ticket_id.as_bytes().to_vec(),
         payload: Some(event_payload(
@@ -27,6 +27,22 @@ fn planned(event_id: &str, ticket_id: &str, partition: i32) -> PlannedRecord {
             event_id: event_id.to_owned(),
         },
     }
+}
+
+/// Makes the database reject (or, `false`, accept again) every event of `ticket-poison`: a
+/// constraint the event breaks, as a rejecting database would.
+pub(crate) async fn reject_ticket_poison(app: &TestApp, reject: bool) {
+    let statement = if reject {
+        "ALTER TABLE history_events ADD CONSTRAINT no_poison CHECK (ticket_id <> 'ticket-poison')"
+    } else {
+        "ALTER TABLE history_events DROP CONSTRAINT no_poison"
+    };
+    app.db
+        .client()
+        .await
+        .batch_execute(statement)
+        .await
+        .unwrap();
 }
 
 /// The `history_stuck_event` series naming this event, and its value.
@@ -45,15 +61,7 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
         o.env("HISTORY__PIPELINE__BATCH_LINGER_MS", "20");
     })
     .await;
-    app.db
-        .client()
-        .await
-        .batch_execute(
-            "ALTER TABLE history_events ADD CONSTRAINT no_poison \
-             CHECK (ticket_id <> 'ticket-poison')",
-        )
-        .await
-        .unwrap();
+    reject_ticket_poison(&app, true).await;
     let mut records = Vec::new();
     for n in 0..PER_PARTITION {
         for partition in 0..PARTITIONS {
@@ -143,12 +151,7 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
         held.iter().map(|&o| Some(o)).collect::<Vec<_>>()
     );
 
-    app.db
-        .client()
-        .await
-        .batch_execute("ALTER TABLE history_events DROP CONSTRAINT no_poison")
-        .await
-        .unwrap();
+    reject_ticket_poison(&app, false).await;
     app.wait_committed_to(&ends, Duration::from_secs(30)).await;
     assert_eq!(app.db.count("history_events").await, good + 1);
     // The gauge is cleared.

@@ -1,0 +1,90 @@
+//! An offset commit that waits for the broker's verdict at most until a deadline.
+//!
+//! `Consumer::commit(…, CommitMode::Sync)` waits without a bound: with the coordinator gone,
+//! librdkafka defers the commit for `session.timeout.ms` and then fails it, and a request that
+//! was on the wire when the broker died waits for `socket.timeout.ms` (60 s) — a stop or a
+//! revoke that commits then takes that long, or longer with retries. Here the commit is handed
+//! to librdkafka with a queue of our own for its result (`rd_kafka_commit_queue`), and that
+//! queue is polled until the deadline. A commit whose verdict did not arrive in time counts as
+//! not done (`OperationTimedOut`): it may still land later, which is harmless — a position is
+//! only ever counted as committed once confirmed, and librdkafka sends commits in order.
+
+use std::time::Instant;
+
+use rdkafka::TopicPartitionList;
+use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::types::RDKafkaRespErr;
+
+/// Commits `offsets` and waits for the broker's verdict until `deadline` (at least a few
+/// milliseconds). `Ok` only when the commit, and every partition in it, was confirmed.
+pub fn commit_within<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    offsets: &TopicPartitionList,
+    deadline: Instant,
+) -> Result<(), KafkaError> {
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is the live client behind `consumer`, borrowed for this call; the queue is
+    // ours and destroyed on every path; `offsets` is copied by librdkafka before the call
+    // returns; each event polled is destroyed after its fields were read.
+    unsafe {
+        let queue = rdsys::rd_kafka_queue_new(rk);
+        let err =
+            rdsys::rd_kafka_commit_queue(rk, offsets.ptr(), queue, None, std::ptr::null_mut());
+        if err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            rdsys::rd_kafka_queue_destroy(queue);
+            return Err(KafkaError::ConsumerCommit(err.into()));
+        }
+        let result = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout_ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let event = rdsys::rd_kafka_queue_poll(queue, timeout_ms);
+            if event.is_null() {
+                if Instant::now() >= deadline {
+                    break Err(KafkaError::ConsumerCommit(
+                        RDKafkaErrorCode::OperationTimedOut,
+                    ));
+                }
+                continue;
+            }
+            if rdsys::rd_kafka_event_type(event) != rdsys::RD_KAFKA_EVENT_OFFSET_COMMIT {
+                rdsys::rd_kafka_event_destroy(event);
+                continue;
+            }
+            let mut err = rdsys::rd_kafka_event_error(event);
+            if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                err = first_partition_error(rdsys::rd_kafka_event_topic_partition_list(event));
+            }
+            rdsys::rd_kafka_event_destroy(event);
+            break if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                Ok(())
+            } else {
+                Err(KafkaError::ConsumerCommit(err.into()))
+            };
+        };
+        // A verdict that arrives after this is dropped with the queue.
+        rdsys::rd_kafka_queue_destroy(queue);
+        result
+    }
+}
+
+/// The first partition error of a commit's result, `NO_ERROR` if none.
+///
+/// # Safety
+/// `list` is null or a valid list owned by a live event.
+unsafe fn first_partition_error(
+    list: *mut rdsys::rd_kafka_topic_partition_list_t,
+) -> RDKafkaRespErr {
+    // SAFETY: the caller's.
+    if list.is_null() || unsafe { (*list).cnt <= 0 || (*list).elems.is_null() } {
+        return RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR;
+    }
+    // SAFETY: the caller's; `elems` holds `cnt` elements.
+    let elements = unsafe { std::slice::from_raw_parts((*list).elems, (*list).cnt as usize) };
+    elements
+        .iter()
+        .map(|element| element.err)
+        .find(|&err| err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+        .unwrap_or(RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+}

@@ -1,0 +1,86 @@
+//! A slow broker, end to end: every request answered 200 ms late, then for a while 2 s late —
+//! as good as frozen connections, short of the session timeout — while the service drains a
+//! backlog. Nothing is lost, and nothing is done twice: a slow broker delays fetches and commits,
+//! it moves no partition.
+
+use std::time::Duration;
+
+use history_devkit::test_app::TestApp;
+use history_devkit::workload::{self, WorkloadSpec};
+
+const RECORDS: usize = 12_000;
+
+#[actix_rt::test]
+async fn a_broker_answering_late_costs_no_record_and_redoes_none() {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 3;
+        // Writes slowed to about 2,000 events/s, so the faults land mid-drain.
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+    })
+    .await;
+    app.db
+        .client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION slow_batch() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
+             CREATE TRIGGER slow_batch AFTER INSERT ON history_events
+             FOR EACH STATEMENT EXECUTE FUNCTION slow_batch();",
+        )
+        .await
+        .unwrap();
+    let records = workload::generate(&WorkloadSpec {
+        records: RECORDS,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 3,
+        id_prefix: "slow-broker".into(),
+        tickets: 500,
+        max_payload_bytes: 65536,
+        seed: 5,
+    });
+    app.produce(&records).await;
+    app.start();
+    let rtt = |delay: Duration| {
+        app.broker()
+            .cluster()
+            .broker_round_trip_time(1, delay)
+            .expect("the mock broker takes a round-trip time")
+    };
+
+    app.wait_rows(1_000, Duration::from_secs(60)).await;
+    rtt(Duration::from_millis(200));
+    app.wait_rows(3_000, Duration::from_secs(60)).await;
+    rtt(Duration::from_secs(2));
+    // Two seconds of answers two seconds late: a commit, a fetch and a heartbeat at most each.
+    let slow_from = app.db.count("history_events").await;
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_offset_commits_total{reason=\"periodic\",result=\"ok\"}")
+            .is_some()
+    })
+    .await;
+    let commits_before = app.metrics().await.sum("history_offset_commits_total");
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.sum("history_offset_commits_total") >= commits_before + 1.0
+    })
+    .await;
+    rtt(Duration::from_millis(200));
+    app.wait_rows(slow_from + 1_000, Duration::from_secs(60))
+        .await;
+    rtt(Duration::ZERO);
+
+    app.wait_committed(Duration::from_secs(120)).await;
+    assert_eq!(app.db.count("history_events").await, RECORDS as i64);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metrics.get("history_events_total{outcome=\"already_applied\"}"),
+        Some(0.0),
+        "records done twice behind a slow broker:\n{metrics}"
+    );
+    assert_eq!(
+        metrics.get("history_rebalances_total{kind=\"lost\"}"),
+        Some(0.0),
+        "a slow broker cost the assignment"
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
