@@ -16,7 +16,7 @@ use history_devkit::workload::PlannedRecord;
 
 use crate::broker::DevKafka;
 use crate::checker::{CommitSeen, final_checks, spawn_checker};
-use crate::instance::{Instance, LogFeed};
+use crate::instance::{Instance, LogFeed, Protocol};
 use crate::producer::{Deliveries, spawn_producer};
 use crate::schedule::{Action, GROUP, PARTITIONS, PRODUCTION_SHARE, TOPIC};
 
@@ -127,12 +127,19 @@ pub struct Chaos {
     commit_feed: Option<Receiver<CommitSeen>>,
     pub figures: Figures,
     pub runtime: tokio::runtime::Runtime,
+    /// The group protocol the instances speak.
+    protocol: Protocol,
 }
 
 impl Chaos {
     /// `rate` is the planned production rate, records per second: the slow disk is sized so
     /// that the writers are busy about three quarters of the time.
     pub fn start(seed: u64, instances: usize, rate: f64) -> Chaos {
+        Self::start_with(seed, instances, rate, Protocol::Classic)
+    }
+
+    /// [`Chaos::start`], the instances speaking `protocol`.
+    pub fn start_with(seed: u64, instances: usize, rate: f64, protocol: Protocol) -> Chaos {
         let binary = PathBuf::from(
             std::env::var("HISTORY_CHAOS_BIN")
                 .unwrap_or_else(|_| env!("CARGO_BIN_EXE_history-service").to_owned()),
@@ -199,6 +206,7 @@ impl Chaos {
             commit_feed: Some(commit_feed),
             figures: Figures::default(),
             runtime,
+            protocol,
         }
     }
 
@@ -214,6 +222,7 @@ impl Chaos {
             &self.dir,
             &self.database_url,
             &self.brokers,
+            self.protocol,
             self.feed.clone(),
         ));
     }

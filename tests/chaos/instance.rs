@@ -15,9 +15,34 @@ use history_devkit::process::{Process, StillRunning, local_listener};
 use crate::checker::CommitSeen;
 use crate::schedule::{GROUP, MAX_PAYLOAD, TOPIC};
 
-/// The instances' `kafka.session_timeout_ms`: short, so a crashed or frozen member's
-/// partitions move soon.
-pub const SESSION_TIMEOUT: Duration = Duration::from_secs(3);
+/// The consumer-group protocol the instances speak (`kafka.group_protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Classic,
+    /// KIP-848: the broker assigns and owns the session timeout.
+    Consumer,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Classic => "classic",
+            Protocol::Consumer => "consumer",
+        }
+    }
+
+    /// How long a member that stopped heartbeating keeps its partitions: short, so a crashed
+    /// or frozen member's partitions move soon (`kafka.session_timeout_ms` under classic; the
+    /// embedded broker's setting under consumer).
+    pub fn session_timeout(self) -> Duration {
+        match self {
+            Protocol::Classic => Duration::from_secs(3),
+            Protocol::Consumer => {
+                Duration::from_millis(history_devkit::broker::CONSUMER_SESSION_TIMEOUT_MS as u64)
+            }
+        }
+    }
+}
 
 /// What the instances' logs report, gathered from all of them.
 #[derive(Clone)]
@@ -72,6 +97,7 @@ impl Instance {
         dir: &Path,
         database_url: &str,
         brokers: &str,
+        protocol: Protocol,
         feed: LogFeed,
     ) -> Instance {
         let listener = local_listener().unwrap();
@@ -87,10 +113,7 @@ impl Instance {
             ("HISTORY__KAFKA__BROKERS", brokers.to_owned()),
             ("HISTORY__KAFKA__GROUP_ID", GROUP.into()),
             ("HISTORY__KAFKA__TOPICS", TOPIC.into()),
-            (
-                "HISTORY__KAFKA__SESSION_TIMEOUT_MS",
-                SESSION_TIMEOUT.as_millis().to_string(),
-            ),
+            ("HISTORY__KAFKA__GROUP_PROTOCOL", protocol.name().into()),
             ("HISTORY__KAFKA__FETCH_WAIT_MAX_MS", "20".into()),
             ("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", "100".into()),
             ("HISTORY__PIPELINE__RETRY_INITIAL_MS", "50".into()),
@@ -113,6 +136,15 @@ impl Instance {
         ]
         .into_iter()
         .map(|(key, value)| (key.to_owned(), value))
+        .chain(
+            // Under `consumer` the broker owns the session timeout (and refuses ours).
+            (protocol == Protocol::Classic).then(|| {
+                (
+                    "HISTORY__KAFKA__SESSION_TIMEOUT_MS".to_owned(),
+                    protocol.session_timeout().as_millis().to_string(),
+                )
+            }),
+        )
         .collect();
         let process = Process::command(binary)
             .arg("run")

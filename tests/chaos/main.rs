@@ -88,8 +88,9 @@ fn kills_database_restarts_and_broker_faults_lose_nothing_and_double_nothing() {
     assert!(figures.poison > 0 && figures.duplicates > 0);
 }
 
-/// One of three instances at a time frozen (SIGSTOP) past its session timeout — or, sometimes,
-/// for less — and continued (SIGCONT), several times, seeded; the broker refusing some offset
+/// Three instances in a KIP-848 (`consumer` protocol) group; one at a time frozen (SIGSTOP)
+/// past its session timeout — or, sometimes, for less — and continued (SIGCONT), several times,
+/// seeded; the broker refusing some offset
 /// commits and fetches and answering slowly for a while. The frozen member's partitions move to
 /// the others and come back: nothing lost, nothing applied twice (the instances' own count of
 /// `Applied` outcomes), nothing unseen, no position moving backwards.
@@ -98,12 +99,16 @@ fn frozen_members_and_a_slow_broker_lose_nothing_and_apply_nothing_twice() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let scale = Scale::from_env();
     let seed = schedule::seed();
-    let freezes = (scale.duration.as_secs() / 8).max(3) as usize;
+    let freezes = (scale.duration.as_secs() / 10).max(3) as usize;
+    // Under KIP-848: librdkafka's mock broker aborts (an assertion in its classic group: a
+    // member's second JoinGroup while its first is pending) when a member thawed after a long
+    // freeze rejoins, which Kafka itself handles.
+    let protocol = instance::Protocol::Consumer;
     let plan =
-        schedule::frozen_members(seed, scale.duration, 3, freezes, instance::SESSION_TIMEOUT);
+        schedule::frozen_members(seed, scale.duration, 3, freezes, protocol.session_timeout());
     let records = schedule::workload(scale.records, seed.wrapping_add(2));
     let started = std::time::Instant::now();
-    let chaos = Chaos::start(seed, 3, rate(&scale));
+    let chaos = Chaos::start_with(seed, 3, rate(&scale), protocol);
     let figures = chaos.run(records, plan, scale.duration);
     report("frozen-members", &figures.render(seed, started.elapsed()));
     assert_clean(&figures);
