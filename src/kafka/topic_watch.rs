@@ -9,11 +9,10 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
-use rdkafka::consumer::Consumer;
+use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::error::RDKafkaErrorCode;
 use tracing::{info, warn};
 
-use super::HistoryConsumer;
 use crate::metrics;
 
 /// The configured topics found missing at the last look; shared with readiness.
@@ -58,7 +57,11 @@ pub struct TopicWatch {
 impl TopicWatch {
     /// Starts the thread. It holds the consumer only while it asks the broker, so closing the
     /// consumer is not held up by it for longer than one lookup.
-    pub fn start(consumer: Weak<HistoryConsumer>, settings: TopicWatchSettings) -> Self {
+    pub fn start<T, C>(consumer: Weak<T>, settings: TopicWatchSettings) -> Self
+    where
+        T: Consumer<C> + Send + Sync + 'static,
+        C: ConsumerContext + 'static,
+    {
         for topic in &settings.topics {
             metrics::set_topic_missing(topic, false);
         }
@@ -82,7 +85,11 @@ impl Drop for TopicWatch {
     }
 }
 
-fn run(consumer: Weak<HistoryConsumer>, settings: TopicWatchSettings, closed: Closed) {
+fn run<T, C>(consumer: Weak<T>, settings: TopicWatchSettings, closed: Closed)
+where
+    T: Consumer<C>,
+    C: ConsumerContext,
+{
     let (flag, wake) = &*closed;
     loop {
         {
@@ -93,7 +100,7 @@ fn run(consumer: Weak<HistoryConsumer>, settings: TopicWatchSettings, closed: Cl
                 if *flag.lock().unwrap() {
                     return;
                 }
-                if let Some(missing) = look_up(&consumer, topic) {
+                if let Some(missing) = look_up(consumer.as_ref(), topic) {
                     report(&settings, topic, missing);
                 }
             }
@@ -110,7 +117,7 @@ fn run(consumer: Weak<HistoryConsumer>, settings: TopicWatchSettings, closed: Cl
 
 /// Whether the broker says `topic` does not exist; `None` when it did not answer (an outage
 /// says nothing about the topic, and the client's own errors report it).
-fn look_up(consumer: &HistoryConsumer, topic: &str) -> Option<bool> {
+fn look_up<C: ConsumerContext>(consumer: &impl Consumer<C>, topic: &str) -> Option<bool> {
     let metadata = consumer
         .client()
         .fetch_metadata(Some(topic), LOOKUP_TIMEOUT)
