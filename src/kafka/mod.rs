@@ -9,7 +9,6 @@ pub mod dead_letter_topic;
 pub mod error_log;
 pub mod intake;
 pub mod messages;
-pub mod offset_reset;
 pub mod properties;
 pub mod replay;
 pub mod reset_watch;

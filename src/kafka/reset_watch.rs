@@ -1,4 +1,4 @@
-//! The broker calls behind the offset-reset check ([`super::offset_reset`]), on a thread of
+//! The broker calls behind the offset-reset check ([`crate::offsets::reset`]), on a thread of
 //! their own: looking up a new assignment's committed offsets and a partition's log start are
 //! blocking requests, which must not hold up the supervisor's fetch loop or a rebalance
 //! callback. The supervisor only reports assignments and the offsets of the records it hands
@@ -16,9 +16,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use tracing::{error, warn};
 
 use super::HistoryConsumer;
-use super::offset_reset::{Detector, Jump, JumpKind, Loss, Span, judge};
 use crate::domain::{Epoch, Record, TopicPartition};
 use crate::metrics;
+use crate::offsets::reset::{Detector, Jump, JumpKind, Loss, MAX_UNJUDGED_JUMPS, Span, judge};
 
 /// Longest wait for the broker's answer to one lookup.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -124,7 +124,15 @@ fn run(consumer: Weak<HistoryConsumer>, shared: Shared) {
                 pending.detector.started(&tp, epoch, committed);
             }
         }
-        for (tp, _, jumps) in jumps {
+        for (tp, _, jumps, dropped) in jumps {
+            if dropped > 0 {
+                warn!(
+                    partition = %tp,
+                    dropped,
+                    "offset jumps not judged: more than {MAX_UNJUDGED_JUMPS} waited for one \
+                     lookup of the log start; an offset reset among them would go unreported"
+                );
+            }
             let Some(consumer) = consumer.upgrade() else {
                 return;
             };

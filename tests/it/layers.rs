@@ -198,9 +198,9 @@ fn the_import_graph_sees_crate_super_and_re_export_paths() {
     assert!(has("src/app.rs", "src/metrics.rs"));
     // `use super::*;` in a file's test module stays in the file.
     assert!(
-        !has("src/kafka/offset_reset.rs", "src/kafka/mod.rs"),
+        !has("src/kafka/intake.rs", "src/kafka/mod.rs"),
         "{:?}",
-        graph["src/kafka/offset_reset.rs"]
+        graph["src/kafka/intake.rs"]
     );
 }
 

@@ -8,7 +8,7 @@
 //! is a *jump*. Most jumps are harmless — compaction removed records, transaction markers and
 //! aborted transactions take offsets — so a jump is only a loss if the partition's log start
 //! (its low watermark, fetched after the jump was seen) moved past the expected offset. This
-//! module is the pure part; [`super::reset_watch`] does the broker calls.
+//! module is the pure part; `kafka/reset_watch.rs` does the broker calls.
 
 use std::collections::HashMap;
 
@@ -102,7 +102,7 @@ struct Track {
 
 /// Most jumps of one partition kept for judging while a lookup waits on the broker: gaps
 /// (compaction, transaction markers) can come with every fetch, and the wait can be long.
-const MAX_UNJUDGED_JUMPS: usize = 4096;
+pub const MAX_UNJUDGED_JUMPS: usize = 4096;
 
 impl Track {
     fn push(&mut self, jump: Jump) {
@@ -205,23 +205,21 @@ impl Detector {
             .is_some_and(|t| t.epoch == epoch && !t.start_known)
     }
 
-    /// Takes the jumps waiting to be judged, per partition. Their log start must be fetched
-    /// after this call, so that it is at least the one librdkafka reset to.
-    pub fn take_jumps(&mut self) -> Vec<(TopicPartition, Epoch, Vec<Jump>)> {
+    /// Takes the jumps waiting to be judged, per partition, with how many more were not kept
+    /// ([`MAX_UNJUDGED_JUMPS`]). Their log start must be fetched after this call, so that it
+    /// is at least the one librdkafka reset to.
+    pub fn take_jumps(&mut self) -> Vec<(TopicPartition, Epoch, Vec<Jump>, u64)> {
         self.partitions
             .iter_mut()
             .filter(|(_, track)| !track.jumps.is_empty())
             .map(|(tp, track)| {
-                if track.dropped > 0 {
-                    tracing::warn!(
-                        partition = %tp,
-                        dropped = track.dropped,
-                        "offset jumps not judged: more than {MAX_UNJUDGED_JUMPS} waited for one \
-                         lookup of the log start; an offset reset among them would go unreported"
-                    );
-                    track.dropped = 0;
-                }
-                (tp.clone(), track.epoch, std::mem::take(&mut track.jumps))
+                let dropped = std::mem::take(&mut track.dropped);
+                (
+                    tp.clone(),
+                    track.epoch,
+                    std::mem::take(&mut track.jumps),
+                    dropped,
+                )
             })
             .collect()
     }
@@ -274,7 +272,7 @@ mod tests {
         detector
             .take_jumps()
             .into_iter()
-            .flat_map(|(_, _, jumps)| jumps)
+            .flat_map(|(_, _, jumps, _)| jumps)
             .collect()
     }
 
