@@ -71,6 +71,21 @@ impl TestDb {
         url.to_string()
     }
 
+    /// Slows every write transaction of history rows by `seconds` (a statement-level trigger
+    /// sleeping inside it), so that a drain lasts long enough for what a test does during it.
+    pub async fn slow_each_write(&self, seconds: f64) {
+        self.client()
+            .await
+            .batch_execute(&format!(
+                "CREATE FUNCTION slow_write() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN PERFORM pg_sleep({seconds}); RETURN NULL; END $$;
+                 CREATE TRIGGER slow_write AFTER INSERT ON history_events
+                 FOR EACH STATEMENT EXECUTE FUNCTION slow_write();"
+            ))
+            .await
+            .unwrap();
+    }
+
     pub async fn client(&self) -> tokio_postgres::Client {
         store::migrate::connect(&self.config).await.unwrap()
     }

@@ -35,6 +35,17 @@ fn backlog(prefix: &str) -> Vec<PlannedRecord> {
 
 /// Polls `rows` of the app's database until `done` holds for the count, within `timeout`;
 /// returns that count.
+/// A migrated database the service reaches through a fault proxy: the proxy, the database,
+/// and its URL through the proxy.
+pub(crate) async fn behind_a_proxy() -> (FaultProxy, Arc<TestDb>, String) {
+    let server = server_address()
+        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
+    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
+    let db = Arc::new(TestDb::migrated().await);
+    let url = db.url_via(proxy.addr());
+    (proxy, db, url)
+}
+
 async fn wait_count(app: &TestApp, timeout: Duration, done: impl Fn(i64) -> bool) -> i64 {
     let deadline = Instant::now() + timeout;
     loop {
@@ -126,11 +137,7 @@ async fn after_a_deadline_expires_no_connection_opened_before_it_is_used_again()
 #[actix_rt::test]
 async fn frozen_database_connections_are_abandoned_at_their_deadline_and_the_drain_completes_exactly()
  {
-    let server = server_address()
-        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
-    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
-    let db = Arc::new(TestDb::migrated().await);
-    let url = db.url_via(proxy.addr());
+    let (proxy, db, url) = behind_a_proxy().await;
     // Every deadline at its default: the target is for an unconfigured service.
     let mut app = TestApp::prepare(|o| {
         o.partitions = PARTITIONS;
@@ -254,11 +261,7 @@ async fn a_database_read_only_for_20_s_costs_no_record_and_the_drain_resumes_wit
 #[actix_rt::test]
 async fn a_database_that_never_answers_makes_the_service_unready_naming_the_deadline_until_it_does()
 {
-    let server = server_address()
-        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
-    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
-    let db = Arc::new(TestDb::migrated().await);
-    let url = db.url_via(proxy.addr());
+    let (proxy, db, url) = behind_a_proxy().await;
     // Short bounds, so that it takes seconds: a deadline of 1 s (below the 5 s a connection may
     // take to open, so every failure is the deadline's) and unready after 3 s of failures.
     let mut app = TestApp::prepare(|o| {

@@ -315,18 +315,7 @@ async fn join_and_leave(
     // otherwise drains it before the second member is in.
     let total = 120_000;
     first.produce(&unique_events(total, "join", 7)).await;
-    first
-        .db
-        .client()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION slow_batch() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
-             CREATE TRIGGER slow_batch AFTER INSERT ON history_events
-             FOR EACH STATEMENT EXECUTE FUNCTION slow_batch();",
-        )
-        .await
-        .unwrap();
+    first.db.slow_each_write(0.05).await;
 
     first.start();
     first.wait_rows(2_000, ROWS_TIMEOUT).await;

@@ -18,17 +18,7 @@ async fn a_broker_answering_late_costs_no_record_and_redoes_none() {
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
     })
     .await;
-    app.db
-        .client()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION slow_batch() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
-             CREATE TRIGGER slow_batch AFTER INSERT ON history_events
-             FOR EACH STATEMENT EXECUTE FUNCTION slow_batch();",
-        )
-        .await
-        .unwrap();
+    app.db.slow_each_write(0.05).await;
     let records = workload::generate(&WorkloadSpec {
         records: RECORDS,
         duplicates: 0.0,

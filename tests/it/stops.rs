@@ -3,16 +3,12 @@
 //! with exit 3 when work is left; a second SIGTERM ends it at once. Every step of the stop
 //! finishes by itself: the stop's last-resort cut ("the stop's deadline passed") never fires.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use history_devkit::fault_proxy::{Direction, FaultProxy};
+use history_devkit::fault_proxy::Direction;
 use history_devkit::process::Signal;
 use history_devkit::test_app::TestApp;
-use history_devkit::test_db::server_address;
 use history_devkit::workload::{self, PlannedRecord, WorkloadSpec, distinct_events};
-
-use crate::common::TestDb;
 
 const PARTITIONS: i32 = 3;
 
@@ -149,11 +145,7 @@ async fn a_stop_with_the_broker_already_dead_ends_within_its_deadline() {
 
 #[actix_rt::test]
 async fn a_stop_during_which_the_broker_dies_ends_within_its_deadline() {
-    let server = server_address()
-        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
-    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
-    let db = Arc::new(TestDb::migrated().await);
-    let url = db.url_via(proxy.addr());
+    let (proxy, db, url) = crate::db_faults::behind_a_proxy().await;
     let mut app = TestApp::prepare(|o| {
         stop_settings(o);
         o.database = Some(db.clone());
@@ -191,11 +183,7 @@ async fn a_stop_during_which_the_broker_dies_ends_within_its_deadline() {
 
 #[actix_rt::test]
 async fn a_second_sigterm_ends_a_stop_held_up_by_a_stuck_database_at_once() {
-    let server = server_address()
-        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
-    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
-    let db = Arc::new(TestDb::migrated().await);
-    let url = db.url_via(proxy.addr());
+    let (proxy, db, url) = crate::db_faults::behind_a_proxy().await;
     // A long deadline, which the second signal must not wait for.
     let mut app = TestApp::prepare(|o| {
         o.partitions = PARTITIONS;
