@@ -432,11 +432,14 @@ pub(crate) enum Refusal {
     /// rebalance by retrying.
     Generation,
     /// The `consumer` protocol's member epoch of this commit is behind the coordinator's
-    /// (`STALE_MEMBER_EPOCH`), or the coordinator has not seen the member's latest heartbeat
-    /// (`UNKNOWN_MEMBER_ID`). librdkafka heartbeats at once but does not retry a manual commit:
-    /// tried again (with the epoch the client then has), it lands while the partition is still
-    /// ours — and [`SupervisorContext::commit_until`] retries only positions of assignments that
-    /// are still current, so never one of a partition that moved.
+    /// (`STALE_MEMBER_EPOCH`): the member is still in the group. librdkafka heartbeats at once
+    /// but does not retry a manual commit: tried again (with the epoch the client then has), it
+    /// lands while the partition is still ours — and [`SupervisorContext::commit_until`] retries
+    /// only positions of assignments that are still current. `UNKNOWN_MEMBER_ID` is not this:
+    /// the member was fenced (its session expired, a frozen process), its partitions already
+    /// belong to others, and a retry made after the client rejoined under a new member id would
+    /// land — a zombie's commit that can move another owner's position backwards (seen in the
+    /// frozen-member chaos run).
     StaleEpoch,
     /// Anything else (a coordinator moving, a time-out): may pass.
     Other,
@@ -452,10 +455,7 @@ impl Refusal {
 /// Classifies a refused commit under `protocol`.
 pub(crate) fn refusal(error: &KafkaError, protocol: GroupProtocol) -> Refusal {
     match (error.rdkafka_error_code(), protocol) {
-        (
-            Some(RDKafkaErrorCode::StaleMemberEpoch | RDKafkaErrorCode::UnknownMemberId),
-            GroupProtocol::Consumer,
-        ) => Refusal::StaleEpoch,
+        (Some(RDKafkaErrorCode::StaleMemberEpoch), GroupProtocol::Consumer) => Refusal::StaleEpoch,
         (
             Some(
                 RDKafkaErrorCode::RebalanceInProgress
@@ -585,9 +585,10 @@ mod tests {
         use GroupProtocol::{Classic, Consumer};
         use RDKafkaErrorCode::*;
         assert_eq!(refused(StaleMemberEpoch, Consumer), Refusal::StaleEpoch);
-        assert_eq!(refused(UnknownMemberId, Consumer), Refusal::StaleEpoch);
         assert!(refused(StaleMemberEpoch, Consumer).may_pass());
-        // Under classic an unknown member is a generation that ended: the rebalance decides.
+        // An unknown member was fenced: its partitions moved, under either protocol; a retry
+        // after the client rejoined would be a zombie's commit.
+        assert_eq!(refused(UnknownMemberId, Consumer), Refusal::Generation);
         assert_eq!(refused(UnknownMemberId, Classic), Refusal::Generation);
         for code in [
             RebalanceInProgress,
