@@ -86,6 +86,21 @@ impl TestDb {
             .unwrap();
     }
 
+    /// How many sessions of this database wait for a lock now: a write held up in the database
+    /// by another session.
+    pub async fn lock_waiters(&self) -> i64 {
+        self.client()
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     pub async fn client(&self) -> tokio_postgres::Client {
         store::migrate::connect(&self.config).await.unwrap()
     }

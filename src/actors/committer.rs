@@ -7,9 +7,16 @@
 //! position ahead of the confirmed one is asked for again at every tick, so a refused commit
 //! is retried even on a partition that went idle. A revoke or a drain first lets the affected
 //! partitions' in-flight records resolve (bounded by its deadline), then answers with the
-//! positions to commit; waiting is driven by the resolutions themselves, not by polling.
+//! positions to commit; waiting is driven by the resolutions themselves, not by polling. It
+//! does not wait for a parked event (one the database rejects by itself, [`Parked`]): that
+//! would only hold up the handover — and, for a revoke, every partition of the instance, which
+//! librdkafka keeps paused while a rebalance callback runs. For the same reason a revoke first
+//! takes back the revoked partitions' jobs that no writer has started ([`Withdrawn`]), writes
+//! again only those below what other writers have written or are writing, and leaves the rest
+//! to the next owner: it waits for the transactions under way, not for every queue to drain,
+//! and nothing written is left behind the position it commits.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -20,8 +27,8 @@ use tracing::{debug, info, warn};
 use super::dispatcher::Dispatcher;
 use super::messages::{
     Admit, AdmitReply, AttachKafka, CommitOffsets, CommitPosition, CommitReason, CommitResult,
-    Drain, DrainReport, Epoch, InspectWindows, Lost, Resolved, Revoke, StaleOutcomes,
-    TopicPartition, WindowSnapshot, WindowState, WindowUpdate, WriteJob,
+    Drain, DrainReport, Epoch, InspectWindows, Lost, Parked, Resolved, Revoke, StaleOutcomes,
+    TopicPartition, WindowSnapshot, WindowState, WindowUpdate, Withdrawn, WriteJob,
 };
 use crate::metrics;
 use crate::offsets::{OffsetWindow, TrackResult};
@@ -32,6 +39,9 @@ struct PartitionWindow {
     version: u64,
     /// The position the broker last confirmed for this assignment.
     confirmed: Option<i64>,
+    /// Unresolved offsets a revoke or a drain does not wait for: an event the database rejects
+    /// (retried alone by its writer), a job a revoke took back and left to the next owner.
+    set_aside: BTreeSet<i64>,
     partition: Recipient<WindowUpdate>,
 }
 
@@ -42,6 +52,7 @@ impl PartitionWindow {
             window: OffsetWindow::new(),
             version: 0,
             confirmed: None,
+            set_aside: BTreeSet::new(),
             partition,
         }
     }
@@ -67,12 +78,36 @@ impl PartitionWindow {
     fn resolved_behind(&self) -> usize {
         self.window.len() - self.window.unresolved()
     }
+
+    /// Unresolved records a revoke or a drain waits for: all but those set aside.
+    fn awaited(&self) -> usize {
+        self.window.unresolved() - self.set_aside.len()
+    }
+
+    /// Sets unresolved offsets of this assignment aside: nothing waits for them.
+    fn set_aside(&mut self, epoch: Epoch, offsets: impl IntoIterator<Item = i64>) {
+        if epoch != self.epoch {
+            return;
+        }
+        for offset in offsets {
+            if self.window.is_unresolved(offset) {
+                self.set_aside.insert(offset);
+            }
+        }
+    }
 }
 
 /// Which windows a waiter waits for.
 enum Scope {
     All,
     Partitions(Vec<TopicPartition>),
+}
+
+/// A revoke gathering the unstarted jobs of its partitions from the writers.
+struct Withdrawal {
+    /// Writers yet to answer.
+    awaiting: usize,
+    jobs: Vec<WriteJob>,
 }
 
 /// A revoke or drain waiting for its partitions' in-flight records to resolve.
@@ -95,6 +130,9 @@ pub struct OffsetCommitter {
     draining: bool,
     waiters: Vec<Waiter>,
     next_waiter: u64,
+    /// Revokes gathering their partitions' unstarted jobs, by id.
+    withdrawals: HashMap<u64, Withdrawal>,
+    next_withdrawal: u64,
     /// Outcomes discarded because their epoch was over.
     stale_outcomes: u64,
     /// When positions were last sent for committing.
@@ -120,6 +158,8 @@ impl OffsetCommitter {
             draining: false,
             waiters: Vec::new(),
             next_waiter: 0,
+            withdrawals: HashMap::new(),
+            next_withdrawal: 0,
             stale_outcomes: 0,
             last_commit: Instant::now(),
             catch_up_pending: false,
@@ -188,18 +228,28 @@ impl OffsetCommitter {
         });
     }
 
+    /// Unresolved records in `scope`.
     fn in_flight(&self, scope: &Scope) -> usize {
+        self.windows_in(scope).map(|w| w.window.unresolved()).sum()
+    }
+
+    /// Unresolved records in `scope` that a revoke or a drain waits for (not the parked ones).
+    fn awaited(&self, scope: &Scope) -> usize {
+        self.windows_in(scope).map(PartitionWindow::awaited).sum()
+    }
+
+    fn windows_in<'a>(
+        &'a self,
+        scope: &'a Scope,
+    ) -> Box<dyn Iterator<Item = &'a PartitionWindow> + 'a> {
         match scope {
-            Scope::All => self.windows.values().map(|w| w.window.unresolved()).sum(),
-            Scope::Partitions(tps) => tps
-                .iter()
-                .filter_map(|tp| self.windows.get(tp))
-                .map(|w| w.window.unresolved())
-                .sum(),
+            Scope::All => Box::new(self.windows.values()),
+            Scope::Partitions(tps) => Box::new(tps.iter().filter_map(|tp| self.windows.get(tp))),
         }
     }
 
-    /// A future that completes once nothing in `scope` is in flight, or when `deadline` passed.
+    /// A future that completes once nothing in `scope` is awaited (in flight and not parked),
+    /// or when `deadline` passed.
     fn wait_until_settled(
         &mut self,
         scope: Scope,
@@ -207,7 +257,7 @@ impl OffsetCommitter {
         ctx: &mut Context<Self>,
     ) -> oneshot::Receiver<()> {
         let (done, settled) = oneshot::channel();
-        if self.in_flight(&scope) == 0 || deadline.is_zero() {
+        if self.awaited(&scope) == 0 || deadline.is_zero() {
             let _ = done.send(());
             return settled;
         }
@@ -222,14 +272,14 @@ impl OffsetCommitter {
         settled
     }
 
-    /// Releases the waiters whose partitions have nothing in flight any more.
+    /// Releases the waiters whose partitions have nothing awaited any more.
     fn wake_waiters(&mut self) {
         if self.waiters.is_empty() {
             return;
         }
         let waiters = std::mem::take(&mut self.waiters);
         for waiter in waiters {
-            if self.in_flight(&waiter.scope) == 0 {
+            if self.awaited(&waiter.scope) == 0 {
                 let _ = waiter.done.send(());
             } else {
                 self.waiters.push(waiter);
@@ -279,6 +329,7 @@ impl OffsetCommitter {
                 info!(
                     %tp,
                     unresolved = window.window.unresolved(),
+                    set_aside = window.set_aside.len(),
                     resolved_behind = window.resolved_behind(),
                     waiting_for = ?window.window.first_unresolved(),
                     "partition revoked with records still in flight at the deadline; the next \
@@ -287,6 +338,36 @@ impl OffsetCommitter {
             }
         }
         positions
+    }
+
+    /// Every writer handed back the revoked partitions' unstarted jobs: those below the cut are
+    /// written after all (something after them was written, or is being written), the others
+    /// are dropped and left to the next owner.
+    fn settle_withdrawn(&mut self, jobs: Vec<WriteJob>) {
+        let mut by_partition: HashMap<TopicPartition, Vec<WriteJob>> = HashMap::new();
+        for job in jobs {
+            by_partition.entry(job.tp.clone()).or_default().push(job);
+        }
+        let mut again = Vec::new();
+        for (tp, jobs) in by_partition {
+            let Some(window) = self.windows.get_mut(&tp) else {
+                continue;
+            };
+            let (current, _old): (Vec<WriteJob>, Vec<WriteJob>) =
+                jobs.into_iter().partition(|job| job.epoch == window.epoch);
+            let withdrawn: BTreeSet<i64> = current.iter().map(|job| job.offset).collect();
+            let Some(cut) = window.window.withdrawal_cut(&withdrawn, &window.set_aside) else {
+                continue;
+            };
+            let (write, leave): (Vec<WriteJob>, Vec<WriteJob>) =
+                current.into_iter().partition(|job| job.offset < cut);
+            debug!(%tp, cut, written = write.len(), left = leave.len(), "revoke: unstarted jobs settled");
+            window.set_aside(window.epoch, leave.iter().map(|job| job.offset));
+            again.extend(write);
+        }
+        if !again.is_empty() {
+            self.dispatcher.dispatch(again);
+        }
     }
 
     fn drain_report(&self) -> DrainReport {
@@ -347,6 +428,7 @@ impl Handler<Resolved> for OffsetCommitter {
                     continue;
                 }
             };
+            window.set_aside.remove(&resolved.offset);
             match window.window.resolve(resolved.offset) {
                 Ok(0) => {}
                 Ok(_) if !moved.contains(&resolved.tp) => moved.push(resolved.tp),
@@ -369,6 +451,36 @@ impl Handler<Resolved> for OffsetCommitter {
         if caught_up {
             self.commit_caught_up(ctx);
         }
+        self.wake_waiters();
+    }
+}
+
+impl Handler<Parked> for OffsetCommitter {
+    type Result = ();
+
+    fn handle(&mut self, Parked(parked): Parked, _: &mut Context<Self>) {
+        if let Some(window) = self.windows.get_mut(&parked.tp) {
+            window.set_aside(parked.epoch, [parked.offset]);
+            self.wake_waiters();
+        }
+    }
+}
+
+impl Handler<Withdrawn> for OffsetCommitter {
+    type Result = ();
+
+    fn handle(&mut self, msg: Withdrawn, _: &mut Context<Self>) {
+        // A lost assignment's jobs (nobody waits for them) are dropped here.
+        let Some(withdrawal) = self.withdrawals.get_mut(&msg.id) else {
+            return;
+        };
+        withdrawal.jobs.extend(msg.jobs);
+        withdrawal.awaiting -= 1;
+        if withdrawal.awaiting > 0 {
+            return;
+        }
+        let jobs = self.withdrawals.remove(&msg.id).expect("present").jobs;
+        self.settle_withdrawn(jobs);
         self.wake_waiters();
     }
 }
@@ -406,6 +518,26 @@ impl Handler<Revoke> for OffsetCommitter {
             .filter(|(tp, epoch)| self.windows.get(tp).is_some_and(|w| w.epoch == *epoch))
             .map(|(tp, _)| tp.clone())
             .collect();
+        // What no writer has started is its next owner's to do; only what is under way is
+        // waited for.
+        let revoked: Vec<(TopicPartition, Epoch)> = msg
+            .partitions
+            .iter()
+            .filter(|(tp, _)| current.contains(tp))
+            .cloned()
+            .collect();
+        if !revoked.is_empty() {
+            let id = self.next_withdrawal;
+            self.next_withdrawal += 1;
+            let awaiting = self.dispatcher.withdraw(id, &revoked);
+            self.withdrawals.insert(
+                id,
+                Withdrawal {
+                    awaiting,
+                    jobs: Vec::new(),
+                },
+            );
+        }
         // Once shutdown drained, whatever is left stays unresolved: do not wait for it twice.
         let deadline = if self.draining {
             Duration::ZERO
@@ -419,9 +551,9 @@ impl Handler<Revoke> for OffsetCommitter {
                 .collect();
             let _ = early.try_send(positions);
         }
-        let in_flight = self.in_flight(&Scope::Partitions(current.clone()));
-        if in_flight > 0 {
-            debug!(in_flight, partitions = ?current, "revoke: letting in-flight records resolve");
+        let awaited = self.awaited(&Scope::Partitions(current.clone()));
+        if awaited > 0 {
+            debug!(awaited, partitions = ?current, "revoke: letting in-flight records resolve");
         }
         let settled = self.wait_until_settled(Scope::Partitions(current), deadline, ctx);
         Box::pin(
@@ -444,6 +576,14 @@ impl Handler<Lost> for OffsetCommitter {
         for (tp, epoch) in &msg.partitions {
             self.mark_closed(tp, *epoch);
             self.remove_window(tp, *epoch);
+        }
+        // Nothing of a lost assignment can be committed any more: the writers drop what they
+        // have not started of it (answers to an id nobody waits for are dropped), and the next
+        // owner does it once.
+        if !msg.partitions.is_empty() {
+            let id = self.next_withdrawal;
+            self.next_withdrawal += 1;
+            self.dispatcher.withdraw(id, &msg.partitions);
         }
         self.wake_waiters();
     }

@@ -1,20 +1,26 @@
 //! Routes admitted records to the DB writers: an event by its `event_id`, so one event is never
 //! in two concurrent transactions of this process (no lock waits between our own writers); a
-//! dead letter by its offset.
+//! dead letter by its offset. Withdrawals (a revoke's) go to every writer.
 
 use std::hash::BuildHasher;
 
 use actix::Recipient;
 
-use super::messages::{Work, WriteJob, WriteJobs};
+use super::messages::{Epoch, TopicPartition, Withdraw, Work, WriteJob, WriteJobs};
+
+/// How the committer reaches one writer.
+pub struct WriterLink {
+    pub jobs: Recipient<WriteJobs>,
+    pub withdraw: Recipient<Withdraw>,
+}
 
 pub struct Dispatcher {
-    writers: Vec<Recipient<WriteJobs>>,
+    writers: Vec<WriterLink>,
     router: std::collections::hash_map::RandomState,
 }
 
 impl Dispatcher {
-    pub fn new(writers: Vec<Recipient<WriteJobs>>) -> Self {
+    pub fn new(writers: Vec<WriterLink>) -> Self {
         assert!(
             !writers.is_empty(),
             "the pipeline needs at least one writer"
@@ -37,9 +43,21 @@ impl Dispatcher {
         }
         for (writer, jobs) in self.writers.iter().zip(per_writer) {
             if !jobs.is_empty() {
-                writer.do_send(WriteJobs(jobs));
+                writer.jobs.do_send(WriteJobs(jobs));
             }
         }
+    }
+
+    /// Asks every writer for the jobs of these assignments it has not started; returns how
+    /// many answers to expect.
+    pub fn withdraw(&self, id: u64, partitions: &[(TopicPartition, Epoch)]) -> usize {
+        for writer in &self.writers {
+            writer.withdraw.do_send(Withdraw {
+                id,
+                partitions: partitions.to_vec(),
+            });
+        }
+        self.writers.len()
     }
 
     fn route(&self, event_id: &str) -> usize {

@@ -131,6 +131,35 @@ pub struct ResolvedOffset {
 #[rtype(result = "()")]
 pub struct Resolved(pub Vec<ResolvedOffset>);
 
+/// OffsetCommitter → every DbWriter: these assignments are being revoked. Each writer takes
+/// their jobs out of its buffer (those no transaction has started) and hands them back in
+/// [`Withdrawn`]; the committer writes again those it must to leave nothing written behind the
+/// position it commits, and leaves the rest to the next owner — so a revoke waits for the
+/// transactions under way, not for every queue to drain, and no record is written twice.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Withdraw {
+    /// Names the revoke, whose answers the committer gathers.
+    pub id: u64,
+    pub partitions: Vec<(TopicPartition, Epoch)>,
+}
+
+/// DbWriter → OffsetCommitter: the jobs it took out of its buffer for a [`Withdraw`].
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Withdrawn {
+    pub id: u64,
+    pub jobs: Vec<WriteJob>,
+}
+
+/// DbWriter → OffsetCommitter: the database rejects this event by itself; its writer retries
+/// it alone, and its partition's position waits at its offset. A revoke or a drain does not
+/// wait for it: it would not resolve in their time, and waiting would only hold up the rest
+/// (a revoke, every partition of the instance). Its next reader tries it again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Parked(pub ResolvedOffset);
+
 /// Shutdown: wait until nothing is in flight (or the deadline passes), then report the
 /// positions to commit. Admitting stops: later Admit requests are rejected.
 #[derive(Message)]

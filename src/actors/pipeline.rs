@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use super::committer::OffsetCommitter;
-use super::dispatcher::Dispatcher;
+use super::dispatcher::{Dispatcher, WriterLink};
 use super::messages::{AttachKafka, CommitOffsets, Drain, DrainReport};
 use super::writer::{DbWriter, WriterSettings};
 use crate::config::PipelineSettings;
@@ -84,7 +84,10 @@ impl Pipeline {
                         DbWriter::new(id, repository, publisher, committer, writer_settings, stats)
                     });
                     arbiters.push(arbiter);
-                    writer.recipient()
+                    WriterLink {
+                        jobs: writer.clone().recipient(),
+                        withdraw: writer.recipient(),
+                    }
                 })
                 .collect();
             OffsetCommitter::new(settings.commit_interval(), Dispatcher::new(writers))

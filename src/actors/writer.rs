@@ -17,8 +17,8 @@ use tracing::{debug, error, info, warn};
 
 use super::committer::OffsetCommitter;
 use super::messages::{
-    Epoch, Held, InspectWindows, Resolved, ResolvedOffset, TopicPartition, Work, WriteJob,
-    WriteJobs,
+    Epoch, Held, InspectWindows, Parked, Resolved, ResolvedOffset, TopicPartition, Withdraw,
+    Withdrawn, Work, WriteJob, WriteJobs,
 };
 use crate::domain::backoff::Backoff;
 use crate::domain::linger::{Decision, Linger};
@@ -149,7 +149,7 @@ impl std::fmt::Display for Rejection {
 }
 
 /// An event the database rejects by itself, retried alone (its outcome stays Unknown).
-struct Parked {
+struct ParkedEvent {
     job: Job<HistoryEvent>,
     rejection: Rejection,
     /// The delays between its attempts.
@@ -359,7 +359,9 @@ impl DbWriter {
             "the database rejects this event: its partition's position waits at this offset \
              (other partitions go on); retrying it alone until the database accepts it"
         );
-        let parked = Parked {
+        // A revoke or a stop does not wait for it.
+        self.committer.do_send(Parked(job.position()));
+        let parked = ParkedEvent {
             job,
             rejection,
             backoff: Backoff::new(self.settings.retry_initial, self.settings.retry_max),
@@ -368,12 +370,12 @@ impl DbWriter {
         self.retry_parked_later(parked, ctx);
     }
 
-    fn retry_parked_later(&mut self, mut parked: Parked, ctx: &mut Context<Self>) {
+    fn retry_parked_later(&mut self, mut parked: ParkedEvent, ctx: &mut Context<Self>) {
         let delay = parked.backoff.next_delay();
         ctx.run_later(delay, move |writer, ctx| writer.retry_parked(parked, ctx));
     }
 
-    fn retry_parked(&mut self, mut parked: Parked, ctx: &mut Context<Self>) {
+    fn retry_parked(&mut self, mut parked: ParkedEvent, ctx: &mut Context<Self>) {
         let repository = self.repository.clone();
         let stats = self.stats.clone();
         let committer = self.committer.clone();
@@ -728,6 +730,36 @@ impl Handler<WriteJobs> for DbWriter {
     fn handle(&mut self, msg: WriteJobs, ctx: &mut Context<Self>) {
         self.buffer.extend(msg.0);
         self.schedule(ctx);
+    }
+}
+
+impl Handler<Withdraw> for DbWriter {
+    type Result = ();
+
+    /// Hands the buffered jobs of the revoked assignments back to the committer. A batch being
+    /// written, or waiting for its retry, is not touched: its outcome is the database's to tell.
+    fn handle(&mut self, msg: Withdraw, _: &mut Context<Self>) {
+        let revoked = |job: &WriteJob| {
+            msg.partitions
+                .iter()
+                .any(|(tp, epoch)| *tp == job.tp && *epoch == job.epoch)
+        };
+        let (jobs, kept): (VecDeque<WriteJob>, VecDeque<WriteJob>) =
+            std::mem::take(&mut self.buffer)
+                .into_iter()
+                .partition(revoked);
+        self.buffer = kept;
+        if !jobs.is_empty() {
+            debug!(
+                writer = self.id,
+                withdrawn = jobs.len(),
+                "revoked partitions' unstarted jobs handed back"
+            );
+        }
+        self.committer.do_send(Withdrawn {
+            id: msg.id,
+            jobs: jobs.into(),
+        });
     }
 }
 

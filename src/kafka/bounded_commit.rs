@@ -4,11 +4,14 @@
 //! librdkafka defers the commit for `session.timeout.ms` and then fails it, and a request that
 //! was on the wire when the broker died waits for `socket.timeout.ms` (60 s) — a stop or a
 //! revoke that commits then takes that long, or longer with retries. Here the commit is handed
-//! to librdkafka with a queue of our own for its result (`rd_kafka_commit_queue`), and that
-//! queue is polled until the deadline. A commit whose verdict did not arrive in time counts as
-//! not done (`OperationTimedOut`): it may still land later, which is harmless — a position is
-//! only ever counted as committed once confirmed, and librdkafka sends commits in order.
+//! to librdkafka with a queue of our own for its result (`rd_kafka_commit_queue`, which only
+//! queues the commit: librdkafka sends commits in the order they were queued), and that queue
+//! is polled until the deadline, in a second step, so that the caller can queue under a lock
+//! and wait without it. A commit whose verdict did not arrive in time counts as not done
+//! (`OperationTimedOut`): it may still land later, which is harmless — a position is only ever
+//! counted as committed once confirmed.
 
+use std::marker::PhantomData;
 use std::time::Instant;
 
 use rdkafka::TopicPartitionList;
@@ -17,17 +20,22 @@ use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
 
-/// Commits `offsets` and waits for the broker's verdict until `deadline` (at least a few
-/// milliseconds). `Ok` only when the commit, and every partition in it, was confirmed.
-pub fn commit_within<C: ConsumerContext>(
-    consumer: &impl Consumer<C>,
+/// A commit handed to librdkafka, whose verdict is still to be read. Borrows the client, which
+/// must outlive the queue.
+pub struct QueuedCommit<'client> {
+    queue: *mut rdsys::rd_kafka_queue_t,
+    client: PhantomData<&'client ()>,
+}
+
+/// Queues a commit of `offsets`; returns at once, without waiting for the broker.
+pub fn queue_commit<'client, C: ConsumerContext>(
+    consumer: &'client impl Consumer<C>,
     offsets: &TopicPartitionList,
-    deadline: Instant,
-) -> Result<(), KafkaError> {
+) -> Result<QueuedCommit<'client>, KafkaError> {
     let rk = consumer.client().native_ptr();
-    // SAFETY: `rk` is the live client behind `consumer`, borrowed for this call; the queue is
-    // ours and destroyed on every path; `offsets` is copied by librdkafka before the call
-    // returns; each event polled is destroyed after its fields were read.
+    // SAFETY: `rk` is the live client behind `consumer`, borrowed for as long as the queue
+    // lives; the queue is ours, destroyed when the QueuedCommit is dropped (or here, on
+    // failure); `offsets` is copied by librdkafka before the call returns.
     unsafe {
         let queue = rdsys::rd_kafka_queue_new(rk);
         let err =
@@ -36,36 +44,56 @@ pub fn commit_within<C: ConsumerContext>(
             rdsys::rd_kafka_queue_destroy(queue);
             return Err(KafkaError::ConsumerCommit(err.into()));
         }
-        let result = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let timeout_ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-            let event = rdsys::rd_kafka_queue_poll(queue, timeout_ms);
-            if event.is_null() {
-                if Instant::now() >= deadline {
-                    break Err(KafkaError::ConsumerCommit(
-                        RDKafkaErrorCode::OperationTimedOut,
-                    ));
+        Ok(QueuedCommit {
+            queue,
+            client: PhantomData,
+        })
+    }
+}
+
+impl QueuedCommit<'_> {
+    /// Waits for the broker's verdict until `deadline` (polling at least once). `Ok` only when
+    /// the commit, and every partition in it, was confirmed.
+    pub fn wait(self, deadline: Instant) -> Result<(), KafkaError> {
+        // SAFETY: the queue is live until `self` drops; each event polled is destroyed after
+        // its fields were read.
+        unsafe {
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let timeout_ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+                let event = rdsys::rd_kafka_queue_poll(self.queue, timeout_ms);
+                if event.is_null() {
+                    if Instant::now() >= deadline {
+                        return Err(KafkaError::ConsumerCommit(
+                            RDKafkaErrorCode::OperationTimedOut,
+                        ));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            if rdsys::rd_kafka_event_type(event) != rdsys::RD_KAFKA_EVENT_OFFSET_COMMIT {
+                if rdsys::rd_kafka_event_type(event) != rdsys::RD_KAFKA_EVENT_OFFSET_COMMIT {
+                    rdsys::rd_kafka_event_destroy(event);
+                    continue;
+                }
+                let mut err = rdsys::rd_kafka_event_error(event);
+                if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    err = first_partition_error(rdsys::rd_kafka_event_topic_partition_list(event));
+                }
                 rdsys::rd_kafka_event_destroy(event);
-                continue;
+                return if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    Ok(())
+                } else {
+                    Err(KafkaError::ConsumerCommit(err.into()))
+                };
             }
-            let mut err = rdsys::rd_kafka_event_error(event);
-            if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
-                err = first_partition_error(rdsys::rd_kafka_event_topic_partition_list(event));
-            }
-            rdsys::rd_kafka_event_destroy(event);
-            break if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
-                Ok(())
-            } else {
-                Err(KafkaError::ConsumerCommit(err.into()))
-            };
-        };
+        }
+    }
+}
+
+impl Drop for QueuedCommit<'_> {
+    fn drop(&mut self) {
         // A verdict that arrives after this is dropped with the queue.
-        rdsys::rd_kafka_queue_destroy(queue);
-        result
+        // SAFETY: the queue is ours and destroyed once, here.
+        unsafe { rdsys::rd_kafka_queue_destroy(self.queue) }
     }
 }
 

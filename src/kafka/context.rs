@@ -4,8 +4,16 @@
 //! commit before it returns (after it, the partitions are gone and commits fail), so it asks the
 //! OffsetCommitter — on another thread — to let the revoked partitions' in-flight records
 //! resolve and to name their positions, waits for the answer (bounded by
-//! `kafka.revoke_timeout_ms`), and commits them synchronously. Everything else is queued as an
-//! event for the supervisor, in order with the records the same poll returns.
+//! `kafka.revoke_timeout_ms`), and commits them. Everything else is queued as an event for the
+//! supervisor, in order with the records the same poll returns.
+//!
+//! While a rebalance callback is pending, librdkafka pauses *every* assigned partition — kept
+//! ones too — and drops what it prefetched for them (`rd_kafka_rebalance_op_incr` in
+//! rdkafka_cgrp.c); they fetch again only once the callback has called `incremental_unassign`.
+//! So a revoke that waits stalls the intake of the whole instance, and it is kept short: what
+//! the service already holds of the kept partitions keeps flowing through the writers, and the
+//! revoke waits only for records that are moving — an event the database rejects (parked by
+//! its writer) holds up no revoke, it is left to the next owner at its offset.
 //!
 //! The context keeps rdkafka's own `rebalance`, which calls `incremental_assign` /
 //! `incremental_unassign` when librdkafka reports the cooperative protocol: it does for
@@ -13,13 +21,14 @@
 //! assignments are incremental; `rd_kafka_cgrp_rebalance_protocol` in rdkafka_cgrp.c).
 //!
 //! Every commit of this process — periodic (commit worker thread), revoke (here), shutdown
-//! (supervisor) — goes through [`SupervisorContext::commit`], which serialises them and keeps a
-//! ledger of what the broker confirmed: a position is only sent while it is ahead of the
-//! confirmed one, so the group's position never moves backwards by our doing, whichever path
-//! commits and in whatever order they race.
+//! (supervisor) — goes through [`SupervisorContext::commit`], which checks it against the
+//! ledger of assignments and confirmed positions ([`Assignments`]): a position is only sent
+//! while its assignment is current and it is ahead of what its assignment confirmed, so the
+//! group's position never moves backwards by our doing, whichever path commits and in whatever
+//! order they race. The check and the queueing happen under the ledger's lock, the wait for the
+//! broker's verdict without it: no commit waits for another's broker.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,18 +40,22 @@ use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
-use super::bounded_commit::commit_within;
-use super::commit_ledger::CommitLedger;
+use super::assignments::Assignments;
+use super::bounded_commit::queue_commit;
 use super::error_log::ClientErrorLog;
 use super::messages::{Lost, Revoke};
 use super::topic_watch::TopicWatchSettings;
 use crate::config::GroupProtocol;
 use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
 use crate::metrics::{self, Stats};
+use crate::offsets::CommitLedger;
 
-/// How long the revoke callback waits for the committer beyond the committer's own deadline
-/// (its mailbox may be busy when the deadline fires).
-const REVOKE_ANSWER_MARGIN: Duration = Duration::from_secs(2);
+/// The part of `kafka.revoke_timeout_ms` kept for the revoke's commit (at most a quarter of
+/// it): the committer's wait for in-flight records ends this long before the revoke's deadline.
+const REVOKE_COMMIT_RESERVE: Duration = Duration::from_secs(1);
+/// How long the revoke callback waits for the committer's answer beyond the committer's own
+/// deadline (its mailbox may be busy when the deadline fires); taken from the commit's reserve.
+const REVOKE_ANSWER_MARGIN: Duration = Duration::from_millis(250);
 /// Pause between attempts of a commit the broker refused for a reason that may pass.
 const COMMIT_RETRY_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -72,15 +85,11 @@ pub struct SupervisorContext {
     /// Wakes the record stream when a callback queued an event, so the event is handled even if
     /// no record follows it.
     pub(super) notify: tokio::sync::Notify,
-    /// The epoch of each currently assigned partition.
-    epochs: Mutex<HashMap<TopicPartition, Epoch>>,
-    next_epoch: AtomicU64,
+    /// The current assignments (each partition's epoch) and what the broker confirmed for
+    /// each, under one lock that orders every commit against the end of an assignment.
+    assignments: Assignments,
     /// True once the consumer has joined its group and received an assignment (maybe empty).
     joined: Arc<AtomicBool>,
-    /// The newest position the broker confirmed per partition. Held while a commit is under
-    /// way, so commits from the three paths never interleave; every commit waits for it, and
-    /// for the broker, only until its own deadline.
-    ledger: parking_lot::Mutex<CommitLedger>,
     /// Set once the final commit is done and the consumer is being closed: the revoke that
     /// closing serves must not wait for the actors, which may be stopping (or waiting for the
     /// thread that closes the consumer).
@@ -108,10 +117,8 @@ impl SupervisorContext {
             stats,
             events: Mutex::new(Vec::new()),
             notify: tokio::sync::Notify::new(),
-            epochs: Mutex::new(HashMap::new()),
-            next_epoch: AtomicU64::new(1),
+            assignments: Assignments::default(),
             joined,
-            ledger: parking_lot::Mutex::new(CommitLedger::default()),
             closing: AtomicBool::new(false),
             errors: ClientErrorLog::default(),
             protocol: GroupProtocol::Classic,
@@ -163,7 +170,7 @@ impl SupervisorContext {
 
     /// The epoch of a partition's current assignment, if it is assigned.
     pub fn epoch_of(&self, tp: &TopicPartition) -> Option<Epoch> {
-        self.epochs.lock().unwrap().get(tp).copied()
+        self.assignments.epoch_of(tp)
     }
 
     fn push(&self, event: RebalanceEvent) {
@@ -173,25 +180,12 @@ impl SupervisorContext {
 
     /// The current epochs of the listed partitions (those assigned here).
     fn epochs_of(&self, tpl: &TopicPartitionList) -> Vec<(TopicPartition, Epoch)> {
-        let epochs = self.epochs.lock().unwrap();
-        tpl.elements()
-            .iter()
-            .filter_map(|element| {
-                let tp = TopicPartition::new(element.topic(), element.partition());
-                epochs.get(&tp).map(|&epoch| (tp, epoch))
-            })
-            .collect()
+        self.assignments.epochs_of(partitions_of(tpl))
     }
 
     /// Ends the assignments: from now on their positions are the next owner's to commit.
     fn forget(&self, partitions: &[(TopicPartition, Epoch)]) {
-        let mut epochs = self.epochs.lock().unwrap();
-        for (tp, epoch) in partitions {
-            if epochs.get(tp) == Some(epoch) {
-                epochs.remove(tp);
-            }
-        }
-        metrics::set_assigned_partitions(epochs.len());
+        self.assignments.forget(partitions);
     }
 
     /// How long a periodic commit may wait for the broker's verdict (`kafka.revoke_timeout_ms`,
@@ -203,7 +197,8 @@ impl SupervisorContext {
     /// Commits the positions that are ahead of what the broker confirmed, waits for the broker's
     /// verdict until `deadline`, and reports what is committed now. A position of a partition
     /// no longer assigned here (its epoch is over) is not sent: it is its next owner's to
-    /// commit. A commit still waiting at the deadline counts as not made.
+    /// commit. A commit still waiting at the deadline counts as not made. The ledger's lock is
+    /// held only to check the positions and queue the commit, never while the broker answers.
     pub fn commit<C: Consumer<SupervisorContext>>(
         &self,
         consumer: &C,
@@ -211,36 +206,19 @@ impl SupervisorContext {
         reason: &'static str,
         deadline: Instant,
     ) -> (CommitOutcome, Option<KafkaError>) {
-        let Some(mut ledger) = self.ledger.try_lock_until(deadline) else {
-            warn!(
-                reason,
-                positions = positions.len(),
-                "offset commit not made: an earlier commit still waits for the broker"
-            );
-            let outcome = CommitOutcome {
-                confirmed: Vec::new(),
-                failed: positions.to_vec(),
-            };
-            let timed_out = KafkaError::ConsumerCommit(RDKafkaErrorCode::OperationTimedOut);
-            return (outcome, Some(timed_out));
-        };
-        let plan = ledger.plan(positions, |tp| self.epoch_of(tp));
+        let (plan, queued) = self
+            .assignments
+            .plan_and_send(positions, |send| queue_commit(consumer, &commit_list(send)));
         for position in &plan.not_ours {
             debug!(tp = %position.tp, epoch = position.epoch, "not committed: assignment over");
         }
-        if plan.send.is_empty() {
+        let Some(queued) = queued else {
             return (CommitLedger::outcome(plan, true), None);
-        }
-        match commit_sync(
-            consumer,
-            &plan.send,
-            &self.stats,
-            reason,
-            deadline,
-            self.protocol,
-        ) {
+        };
+        let result = queued.and_then(|queued| queued.wait(deadline));
+        match self.verdict(result, &plan.send, reason) {
             Ok(()) => {
-                ledger.confirm(&plan.send);
+                self.assignments.confirm(&plan.send);
                 (CommitLedger::outcome(plan, true), None)
             }
             Err(err) => (CommitLedger::outcome(plan, false), Some(err)),
@@ -305,7 +283,11 @@ impl SupervisorContext {
             return;
         }
         if consumer.assignment_lost() {
-            warn!(partitions = ?names(&partitions), "assignment lost: nothing is committed");
+            warn!(
+                partitions = ?names(&partitions),
+                epochs = ?epochs(&partitions),
+                "assignment lost: nothing is committed"
+            );
             self.stats.rebalance("lost");
             self.forget(&partitions);
             self.committer.lost.do_send(Lost {
@@ -321,38 +303,32 @@ impl SupervisorContext {
         self.stats.rebalance("revoke");
         info!(
             partitions = ?names(&partitions),
+            epochs = ?epochs(&partitions),
             protocol = protocol_name(consumer.rebalance_protocol()),
             "partitions revoked: letting their in-flight records resolve, then committing"
         );
         let started = Instant::now();
+        let budget = RevokeBudget::new(started, self.revoke_timeout);
         let (early, early_answer) = std::sync::mpsc::sync_channel(1);
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        let _ = self.committer.revoke.try_send(Revoke {
+        // Never lost to a full mailbox: the committer's mailbox bound applies to `send`, and
+        // waiting for room here would stall every partition; a revoke is rare and small.
+        self.committer.revoke.do_send(Revoke {
             partitions: partitions.clone(),
-            deadline: self.revoke_timeout,
+            deadline: budget.records,
             early: Some(early),
             reply: Some(reply),
         });
         // What is resolved already is committed at once; what was in flight follows below.
-        if let Ok(positions) = early_answer.recv_timeout(REVOKE_ANSWER_MARGIN) {
+        if let Ok(positions) = early_answer.recv_timeout(budget.answer_left()) {
             if !positions.is_empty() {
-                self.commit(
-                    consumer,
-                    &positions,
-                    "revoke",
-                    started + self.revoke_timeout,
-                );
+                self.commit(consumer, &positions, "revoke", budget.deadline);
             }
         }
-        match answer.recv_timeout(self.revoke_timeout + REVOKE_ANSWER_MARGIN) {
+        match answer.recv_timeout(budget.answer_left()) {
             Ok(positions) if positions.is_empty() => {}
             Ok(positions) => {
-                let outcome = self.commit_until(
-                    consumer,
-                    &positions,
-                    "revoke",
-                    started + self.revoke_timeout,
-                );
+                let outcome = self.commit_until(consumer, &positions, "revoke", budget.deadline);
                 if !outcome.is_complete() {
                     warn!(
                         failed = ?outcome.failed,
@@ -366,9 +342,10 @@ impl SupervisorContext {
                 "the committer did not answer the revoke in time: nothing committed"
             ),
         }
-        debug!(
+        info!(
+            partitions = ?names(&partitions),
             elapsed_ms = started.elapsed().as_millis() as u64,
-            "revoke handled"
+            "revoke handled: partitions released"
         );
         self.forget(&partitions);
         self.push(RebalanceEvent::Revoked {
@@ -378,24 +355,51 @@ impl SupervisorContext {
     }
 
     fn assign(&self, tpl: &TopicPartitionList) {
-        let partitions: Vec<(TopicPartition, Epoch)> = {
-            let mut epochs = self.epochs.lock().unwrap();
-            tpl.elements()
-                .iter()
-                .map(|element| {
-                    let tp = TopicPartition::new(element.topic(), element.partition());
-                    let epoch = self.next_epoch.fetch_add(1, Ordering::Relaxed);
-                    epochs.insert(tp.clone(), epoch);
-                    (tp, epoch)
-                })
-                .collect()
-        };
+        let partitions = self.assignments.assign(partitions_of(tpl));
         self.stats.rebalance("assign");
-        info!(partitions = ?names(&partitions), "partitions assigned");
-        metrics::set_assigned_partitions(self.epochs.lock().unwrap().len());
+        info!(
+            partitions = ?names(&partitions),
+            epochs = ?epochs(&partitions),
+            "partitions assigned"
+        );
         self.joined.store(true, Ordering::Relaxed);
         self.push(RebalanceEvent::Assigned(partitions));
     }
+}
+
+/// How a revoke spends `kafka.revoke_timeout_ms`: the committer lets the in-flight records
+/// resolve for most of it, and the commit gets the rest, so the whole revoke — the commit's
+/// wait for the broker included — ends within the bound.
+struct RevokeBudget {
+    /// How long the committer waits for the revoked partitions' in-flight records.
+    records: Duration,
+    /// When the committer's answer is given up on.
+    answer_by: Instant,
+    /// When the revoke's commits give up waiting for the broker.
+    deadline: Instant,
+}
+
+impl RevokeBudget {
+    fn new(started: Instant, timeout: Duration) -> Self {
+        let reserve = REVOKE_COMMIT_RESERVE.min(timeout / 4);
+        let records = timeout - reserve;
+        RevokeBudget {
+            records,
+            answer_by: started + records + REVOKE_ANSWER_MARGIN.min(reserve / 2),
+            deadline: started + timeout,
+        }
+    }
+
+    fn answer_left(&self) -> Duration {
+        self.answer_by.saturating_duration_since(Instant::now())
+    }
+}
+
+/// The partitions of a list.
+fn partitions_of(tpl: &TopicPartitionList) -> impl Iterator<Item = TopicPartition> + '_ {
+    tpl.elements()
+        .into_iter()
+        .map(|element| TopicPartition::new(element.topic(), element.partition()))
 }
 
 fn protocol_name(protocol: rdkafka::consumer::RebalanceProtocol) -> &'static str {
@@ -408,6 +412,11 @@ fn protocol_name(protocol: rdkafka::consumer::RebalanceProtocol) -> &'static str
 
 fn names(partitions: &[(TopicPartition, Epoch)]) -> Vec<String> {
     partitions.iter().map(|(tp, _)| tp.to_string()).collect()
+}
+
+/// The epochs of the assignments, in the order of [`names`]: commit lines name theirs too.
+fn epochs(partitions: &[(TopicPartition, Epoch)]) -> Vec<Epoch> {
+    partitions.iter().map(|(_, epoch)| *epoch).collect()
 }
 
 /// Builds the list to commit: each partition at its position.
@@ -472,79 +481,76 @@ pub(crate) fn refusal(error: &KafkaError, protocol: GroupProtocol) -> Refusal {
     }
 }
 
-/// Commits and waits for the broker's answer until `deadline`, then records the outcome.
-fn commit_sync<C: ConsumerContext>(
-    consumer: &impl Consumer<C>,
-    positions: &[CommitPosition],
-    stats: &Stats,
-    reason: &'static str,
-    deadline: Instant,
-    protocol: GroupProtocol,
-) -> Result<(), KafkaError> {
-    let tpl = commit_list(positions);
-    let result = commit_within(consumer, &tpl, deadline);
-    let refused = result.as_ref().err().map(|err| refusal(err, protocol));
-    match result {
-        Ok(()) => {
-            log_committed(&tpl, reason);
-            stats.commit(reason, "ok");
-            Ok(())
-        }
-        Err(err) if refused == Some(Refusal::StaleEpoch) => {
-            // The client learns the group's epoch from its next heartbeat, which librdkafka
-            // sends at once: a revoke or the final commit tries again while the partitions are
-            // still ours, the periodic commit at its next tick.
-            info!(
-                error = %err,
-                reason,
-                partitions = positions.len(),
-                "offset commit refused: this member's epoch is behind the group's; tried again \
-                 while the partitions are still assigned here"
-            );
-            stats.commit(reason, "error");
-            Err(err)
-        }
-        Err(err) if refused == Some(Refusal::Generation) => {
-            // Expected while the group rebalances: the position is asked for again (by the
-            // next tick, or by the revoke of this very rebalance).
-            info!(error = %err, reason, partitions = positions.len(), "offset commit refused during a rebalance");
-            stats.commit(reason, "error");
-            Err(err)
-        }
-        Err(err) => {
-            warn!(error = %err, reason, positions = ?positions, "offset commit failed");
-            stats.commit(reason, "error");
-            Err(err)
+impl SupervisorContext {
+    /// Logs and counts the broker's verdict on a commit of `positions`.
+    fn verdict(
+        &self,
+        result: Result<(), KafkaError>,
+        positions: &[CommitPosition],
+        reason: &'static str,
+    ) -> Result<(), KafkaError> {
+        let stats = &self.stats;
+        let refused = result.as_ref().err().map(|err| refusal(err, self.protocol));
+        match result {
+            Ok(()) => {
+                log_committed(positions, reason);
+                stats.commit(reason, "ok");
+                Ok(())
+            }
+            Err(err) if refused == Some(Refusal::StaleEpoch) => {
+                // The client learns the group's epoch from its next heartbeat, which librdkafka
+                // sends at once: a revoke or the final commit tries again while the partitions
+                // are still ours, the periodic commit at its next tick.
+                info!(
+                    error = %err,
+                    reason,
+                    partitions = positions.len(),
+                    "offset commit refused: this member's epoch is behind the group's; tried \
+                     again while the partitions are still assigned here"
+                );
+                stats.commit(reason, "error");
+                Err(err)
+            }
+            Err(err) if refused == Some(Refusal::Generation) => {
+                // Expected while the group rebalances: the position is asked for again (by the
+                // next tick, or by the revoke of this very rebalance).
+                info!(error = %err, reason, partitions = positions.len(), "offset commit refused during a rebalance");
+                stats.commit(reason, "error");
+                Err(err)
+            }
+            Err(err) => {
+                warn!(error = %err, reason, positions = ?positions, "offset commit failed");
+                stats.commit(reason, "error");
+                Err(err)
+            }
         }
     }
 }
 
-/// The service's own record of each commit: one line per partition, at debug level under the
-/// `history_service::commits` target (the chaos test reads them back).
-fn log_committed(tpl: &TopicPartitionList, reason: &'static str) {
-    for element in tpl.elements() {
-        if let Offset::Offset(offset) = element.offset() {
-            let tp = TopicPartition::new(element.topic(), element.partition());
-            metrics::set_committed_offset(&tp, offset);
-            debug!(
-                target: "history_service::commits",
-                topic = element.topic(),
-                partition = element.partition(),
-                offset,
-                reason,
-                "offset committed"
-            );
-        }
+/// The service's own record of each commit: one line per partition, with the epoch of its
+/// assignment, at debug level under the `history_service::commits` target (the chaos test and
+/// the handover tests read them back).
+fn log_committed(positions: &[CommitPosition], reason: &'static str) {
+    for position in positions {
+        metrics::set_committed_offset(&position.tp, position.offset);
+        debug!(
+            target: "history_service::commits",
+            topic = &*position.tp.topic,
+            partition = position.tp.partition,
+            offset = position.offset,
+            epoch = position.epoch,
+            reason,
+            "offset committed"
+        );
     }
 }
 
 impl ClientContext for SupervisorContext {
     fn stats(&self, statistics: Statistics) {
-        let epochs = self.epochs.lock().unwrap();
         for (topic, stats) in &statistics.topics {
             for (partition, stats) in &stats.partitions {
                 let tp = TopicPartition::new(topic, *partition);
-                if stats.consumer_lag >= 0 && epochs.contains_key(&tp) {
+                if stats.consumer_lag >= 0 && self.assignments.epoch_of(&tp).is_some() {
                     metrics::set_consumer_lag(&tp, stats.consumer_lag);
                 }
             }

@@ -1,8 +1,8 @@
 //! The rdkafka consumer: its configuration, callbacks, and the stream of records and
 //! rebalance events the Kafka supervisor consumes.
 
+pub mod assignments;
 pub mod bounded_commit;
-pub mod commit_ledger;
 pub mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;

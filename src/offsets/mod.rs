@@ -1,9 +1,13 @@
-//! Offset bookkeeping: which offsets of a partition are in flight, and how far it is safe to
-//! commit. Pure data structures; the OffsetCommitter actor owns one window per partition.
+//! Offset bookkeeping: which offsets of a partition are in flight, how far it is safe to
+//! commit, and which positions of which assignments are still to be sent. Pure data
+//! structures; the OffsetCommitter actor owns one window per partition, the Kafka side the
+//! ledger.
 
+pub mod ledger;
 pub mod reset;
 mod window;
 
+pub use ledger::{CommitLedger, CommitPlan};
 pub use window::{OffsetWindow, TrackResult, UntrackedOffset};
 
 #[cfg(test)]

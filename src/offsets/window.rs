@@ -101,9 +101,40 @@ impl OffsetWindow {
         self.unresolved
     }
 
+    /// Whether `offset` is tracked and not yet resolved.
+    pub fn is_unresolved(&self, offset: i64) -> bool {
+        self.search(offset)
+            .is_ok_and(|index| !self.entries[index].1)
+    }
+
     /// The oldest unresolved offset: what the position is waiting for.
     pub fn first_unresolved(&self) -> Option<i64> {
         self.entries.front().map(|&(offset, _)| offset)
+    }
+
+    /// Where a revoke cuts the partition's unstarted work (`withdrawn`, unresolved offsets no
+    /// writer has started) so that nothing written is read again by the next owner, and nothing
+    /// is written that cannot be committed: the work below the cut is done before the partition
+    /// is handed over, the rest is left to the next owner. The cut is past every offset that is
+    /// not withdrawn (written, or being written), but no further than the first offset in
+    /// `stuck` (set aside, never resolving here): the position stops there anyway.
+    pub fn withdrawal_cut(
+        &self,
+        withdrawn: &std::collections::BTreeSet<i64>,
+        stuck: &std::collections::BTreeSet<i64>,
+    ) -> Option<i64> {
+        let first = self.entries.front()?.0;
+        let past_started = self
+            .entries
+            .iter()
+            .rev()
+            .map(|&(offset, _)| offset)
+            .find(|offset| !withdrawn.contains(offset))
+            .map_or(first, |last| last + 1);
+        Some(match stuck.iter().find(|&&offset| offset >= first) {
+            Some(&stuck) => past_started.min(stuck),
+            None => past_started,
+        })
     }
 
     fn search(&self, offset: i64) -> Result<usize, usize> {
@@ -147,7 +178,41 @@ mod tests {
     }
 
     #[test]
+    fn a_revoke_cuts_the_unstarted_work_past_everything_written_or_being_written() {
+        use std::collections::BTreeSet;
+        let set = |offsets: &[i64]| offsets.iter().copied().collect::<BTreeSet<i64>>();
+        let mut w = OffsetWindow::new();
+        assert_eq!(w.withdrawal_cut(&set(&[]), &set(&[])), None);
+        for offset in 100..110 {
+            w.track(offset);
+        }
+        // 103 and 106 written or being written by other writers: the withdrawn work before
+        // them is done here, the rest left.
+        w.resolve(103).unwrap();
+        let withdrawn = set(&[100, 101, 102, 104, 105, 107, 108, 109]);
+        assert_eq!(w.withdrawal_cut(&withdrawn, &set(&[])), Some(107));
+        // Nothing started: all of it is left to the next owner.
+        assert_eq!(
+            w.withdrawal_cut(&set(&(100..110).collect::<Vec<_>>()), &set(&[])),
+            Some(100)
+        );
+        // Nothing withdrawn: the cut is past the last tracked offset.
+        assert_eq!(w.withdrawal_cut(&set(&[]), &set(&[])), Some(110));
+        // An event stuck at 102: nothing past it can be committed, so nothing past it is done.
+        assert_eq!(w.withdrawal_cut(&withdrawn, &set(&[102])), Some(102));
+        // A stuck offset below the window (resolved since) does not count.
+        assert_eq!(w.withdrawal_cut(&withdrawn, &set(&[7])), Some(107));
+    }
+
+    #[test]
     fn resolving_twice_or_resolving_an_untracked_offset_changes_nothing() {
+        let mut w = OffsetWindow::new();
+        w.track(1);
+        w.track(2);
+        assert!(w.is_unresolved(2) && !w.is_unresolved(3));
+        w.resolve(2).unwrap();
+        assert!(!w.is_unresolved(2) && w.is_unresolved(1));
+
         let mut window = OffsetWindow::new();
         window.track(5);
         window.track(6);

@@ -4,6 +4,17 @@
 
 pub use history_devkit::test_db::{TestDb, admin_client, base_url};
 
+/// The number a log line gives for `key` (`… key=123 …`), if any.
+pub fn logged_number(line: &str, key: &str) -> Option<u64> {
+    let value = line.split(&format!(" {key}=")).nth(1)?;
+    value
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .ok()
+}
+
 pub fn event(
     event_id: &str,
     from: &str,

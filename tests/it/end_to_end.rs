@@ -397,3 +397,94 @@ async fn lost_assignment(property: Option<(&str, &str)>) {
     assert_eq!(app.db.count("history_events").await, distinct);
     assert_eq!(app.db.count("inbox").await, distinct);
 }
+
+/// The epochs a log line lists in its `epochs=[…]` field.
+fn epochs_in(line: &str) -> Vec<u64> {
+    let Some(list) = line.split("epochs=[").nth(1) else {
+        return Vec::new();
+    };
+    list.split(']')
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|epoch| epoch.trim().parse().ok())
+        .collect()
+}
+
+/// The lost-assignment test with the test's 100 ms periodic commit and writes slowed, so that
+/// positions of the assignment are being confirmed right up to its loss: none of them is
+/// confirmed after it (each commit line names its assignment's epoch), the rejoined member
+/// re-reads from the last confirmed position, and the backlog ends exact.
+#[actix_rt::test]
+async fn a_lost_assignment_under_periodic_commits_confirms_nothing_of_its_epoch_after_the_loss() {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+        o.env(
+            "HISTORY__LOG__FILTER",
+            "info,history_service::commits=debug",
+        );
+    })
+    .await;
+    // About 4,000 events/s: commits all along the drain, and work in flight at the loss.
+    app.db.slow_each_write(0.05).await;
+    let records = events_with_duplicates(16_000, "lost-periodic", 200, 18);
+    let distinct = distinct_events(&records) as i64;
+    app.produce(&records).await;
+    app.start();
+    app.wait_rows(2_000, Duration::from_secs(60)).await;
+    "request-errors heartbeat 1 unknown-member"
+        .parse::<history_devkit::faults::Fault>()
+        .unwrap()
+        .apply(app.broker())
+        .unwrap();
+    app.wait_for_metrics(Duration::from_secs(60), |m| {
+        m.get("history_rebalances_total{kind=\"lost\"}") >= Some(1.0)
+    })
+    .await;
+    app.wait_committed(Duration::from_secs(120)).await;
+    assert_eq!(app.db.count("history_events").await, distinct);
+    assert_eq!(app.db.count("inbox").await, distinct);
+
+    let logs = app.logs();
+    let lines: Vec<&str> = logs.lines().collect();
+    let loss = lines
+        .iter()
+        .position(|line| line.contains("assignment lost"))
+        .expect("the loss is logged");
+    let lost = epochs_in(lines[loss]);
+    assert_eq!(lost.len(), 2, "{}", lines[loss]);
+    let confirmed = |range: &[&str]| -> Vec<u64> {
+        range
+            .iter()
+            .filter(|line| line.contains("offset committed"))
+            .filter_map(|line| crate::common::logged_number(line, "epoch"))
+            .collect()
+    };
+    let before = confirmed(&lines[..loss]);
+    assert!(
+        before.iter().any(|epoch| lost.contains(epoch)),
+        "no position of the lost assignment was confirmed before its loss: nothing to show\n{logs}"
+    );
+    let after = confirmed(&lines[loss..]);
+    assert!(
+        !after.iter().any(|epoch| lost.contains(epoch)),
+        "a position of the lost assignment {lost:?} confirmed after the loss\n{logs}"
+    );
+    let metrics = app.metrics().await;
+    let redone = metrics
+        .get("history_events_total{outcome=\"already_applied\"}")
+        .unwrap_or(0.0)
+        - (records.len() as f64 - distinct as f64);
+    eprintln!(
+        "lost assignment {lost:?} under 100 ms periodic commits: {} commits before the loss, \
+         {} after (new epochs), {redone} records read again",
+        before.len(),
+        after.len()
+    );
+    assert!(
+        redone < distinct as f64,
+        "everything was read again: nothing was committed"
+    );
+    assert_eq!(app.stop(), Some(0), "{logs}");
+}

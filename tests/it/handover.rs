@@ -41,13 +41,7 @@ fn stopped_field(logs: &str, key: &str) -> Option<u64> {
         .lines()
         .rev()
         .find(|line| line.contains("history-service stopped"))?;
-    let value = line.split(&format!("{key}=")).nth(1)?;
-    value
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .ok()
+    crate::common::logged_number(line, key)
 }
 
 /// Sends SIGTERM; returns how long the process took to exit, and its exit code.
@@ -174,28 +168,17 @@ async fn stops_commit_exactly_what_was_written(
 async fn a_member_joining_and_leaving_mid_backlog_redoes_nothing_and_moves_only_what_it_must() {
     let (first_logs, second_logs) = join_and_leave(None, "classic", PERIODIC).await;
     let both = format!("--- first ---\n{first_logs}\n--- second ---\n{second_logs}");
-    // Kafka accepts commits of the current generation while a rebalance is being prepared;
-    // librdkafka's mock broker refuses every commit until the rebalance has completed, and
-    // under the cooperative protocol the round that hands the partitions over can begin
-    // before the revoking member's commit arrives. Then — and only then — what was written
-    // since the last confirmed commit is read again (by the newcomer, and by the first member
-    // when it takes the partitions back).
-    if first_logs.contains("revoked partitions' positions not committed") {
-        eprintln!(
-            "the mock broker refused the revoke's commit: re-done records: first {:?}, second {:?}",
-            stopped_field(&first_logs, "already_applied"),
-            stopped_field(&second_logs, "already_applied")
+    for (name, logs) in [("first", &first_logs), ("second", &second_logs)] {
+        assert_eq!(
+            stopped_field(logs, "already_applied"),
+            Some(0),
+            "the {name} member did records twice\n{both}"
         );
-    } else {
-        for (name, logs) in [("first", &first_logs), ("second", &second_logs)] {
-            assert_eq!(
-                stopped_field(logs, "already_applied"),
-                Some(0),
-                "the revoked partitions' positions were committed, yet the {name} member did \
-                 records twice\n{both}"
-            );
-        }
     }
+    assert!(
+        !both.contains("revoked partitions' positions not committed"),
+        "a revoke's commit was refused\n{both}"
+    );
     let given_away = partitions_in(
         &first_logs,
         TOPIC,
@@ -266,7 +249,22 @@ async fn a_member_joining_and_leaving_under_the_consumer_protocol_redoes_nothing
 /// written is still never lost or doubled, and both stops are clean.
 #[actix_rt::test]
 async fn a_member_joining_and_leaving_under_the_eager_protocol_loses_and_doubles_nothing() {
-    let (first_logs, _) = join_and_leave(Some(EAGER), "classic", PERIODIC).await;
+    let (first_logs, second_logs, samples) =
+        join_and_leave_sampled(Some(EAGER), "classic", PERIODIC).await;
+    let both = format!("--- first ---\n{first_logs}\n--- second ---\n{second_logs}");
+    // An eager revoke runs once the group has begun to rebalance, and librdkafka's mock broker
+    // refuses every commit from then until the rebalance completes (Kafka accepts them): the
+    // revoke's commit is refused there, and what the member wrote since its last confirmed
+    // commit is read again by the next owner. That — and no more — is what may be re-done.
+    let redone = stopped_field(&first_logs, "already_applied").unwrap()
+        + stopped_field(&second_logs, "already_applied").unwrap();
+    let bounds = uncovered_at_revokes(&first_logs, &samples);
+    let bound: i64 = bounds.iter().sum();
+    eprintln!(
+        "eager: {redone} records re-done; written after the last confirmed commit before each \
+         revoke: {bounds:?}"
+    );
+    assert!(redone as i64 <= bound, "{redone} re-done > {bound}\n{both}");
     let given_away = partitions_in(
         &first_logs,
         TOPIC,
@@ -292,16 +290,34 @@ const PERIODIC: Option<&str> = None;
 /// A commit interval of an hour: only revokes and stops commit.
 const HANDOVER_ONLY: Option<&str> = Some("3600000");
 
+/// Rows written, sampled every 50 ms, with the wall-clock time of each sample (the time the
+/// service's log lines carry).
+type RowSamples = Vec<(chrono::DateTime<chrono::Utc>, i64)>;
+
 async fn join_and_leave(
     property: Option<(&str, &str)>,
     protocol: &str,
     commit_interval_ms: Option<&str>,
 ) -> (String, String) {
+    let (first, second, _) = join_and_leave_sampled(property, protocol, commit_interval_ms).await;
+    (first, second)
+}
+
+async fn join_and_leave_sampled(
+    property: Option<(&str, &str)>,
+    protocol: &str,
+    commit_interval_ms: Option<&str>,
+) -> (String, String, RowSamples) {
     let mut first = TestApp::prepare(|o| {
         o.partitions = JOIN_PARTITIONS;
         o.topic = TOPIC.into();
         o.protocol(protocol);
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+        // Every confirmed commit logged: where a revoke's next owner starts is read from them.
+        o.env(
+            "HISTORY__LOG__FILTER",
+            "info,history_service::commits=debug",
+        );
         if let Some(interval) = commit_interval_ms {
             o.env("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", interval);
         }
@@ -319,6 +335,25 @@ async fn join_and_leave(
 
     first.start();
     first.wait_rows(2_000, ROWS_TIMEOUT).await;
+    // The service starts with none; then sampled from now (the newcomer is not in yet).
+    let started = vec![(chrono::DateTime::<chrono::Utc>::MIN_UTC, 0)];
+    let samples = std::rc::Rc::new(std::cell::RefCell::new(started));
+    let sampling = {
+        let (db, samples) = (first.db.clone(), samples.clone());
+        actix_rt::spawn(async move {
+            let client = db.client().await;
+            loop {
+                let at = chrono::Utc::now();
+                let rows: i64 = client
+                    .query_one("SELECT count(*) FROM history_events", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                samples.borrow_mut().push((at, rows));
+                actix_rt::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
     let mut second = TestApp::spawn(|o| {
         o.share(&first);
     })
@@ -356,7 +391,52 @@ async fn join_and_leave(
 
     assert_eq!(first.db.count("history_events").await, total as i64);
     assert_eq!(first.db.count("inbox").await, total as i64);
-    (first_logs, second_logs)
+    sampling.abort();
+    let samples = samples.borrow().clone();
+    (first_logs, second_logs, samples)
+}
+
+/// The time a log line carries (its first field).
+fn logged_at(line: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    let stamp = line.split_whitespace().next()?;
+    Some(chrono::DateTime::parse_from_rfc3339(stamp).ok()?.into())
+}
+
+/// For each revoke of `logs` (before its stop): the rows written from the member's last
+/// confirmed commit before the revoke until the revoke was handled — what its next owner may
+/// read again if the broker refuses the revoke's commit. Taken from `samples` widely: the last
+/// sample before the one moment (at worst the service's start, with no rows), the first after
+/// the other.
+fn uncovered_at_revokes(logs: &str, samples: &RowSamples) -> Vec<i64> {
+    let lines: Vec<&str> = logs
+        .lines()
+        .take_while(|line| !line.contains("SIGTERM received"))
+        .collect();
+    let mut bounds = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        if !line.contains("partitions revoked") {
+            continue;
+        }
+        let last_ok = lines[..at]
+            .iter()
+            .rev()
+            .find(|line| line.contains("offset committed"))
+            .and_then(|line| logged_at(line));
+        let handled = lines[at..]
+            .iter()
+            .find(|line| line.contains("revoke handled"))
+            .and_then(|line| logged_at(line));
+        let (Some(from), Some(to)) = (last_ok, handled) else {
+            panic!("revoke without a commit before it or its end:\n{logs}");
+        };
+        let before = samples.iter().rev().find(|(t, _)| *t <= from);
+        let after = samples.iter().find(|(t, _)| *t >= to);
+        let (Some((_, before)), Some((_, after))) = (before, after) else {
+            panic!("no sample around the revoke ({from} .. {to})");
+        };
+        bounds.push(after - before);
+    }
+    bounds
 }
 
 #[actix_rt::test]

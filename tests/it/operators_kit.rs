@@ -559,3 +559,58 @@ async fn a_real_prometheus_scrapes_the_service_and_raises_an_alert_when_writes_f
     drop(prometheus);
     drop(app);
 }
+
+/// The StatefulSet runs exactly the Deployment's pods (so the two cannot drift apart), each
+/// under its stable pod name as its static group member id, governed by a headless Service that
+/// selects them.
+#[test]
+fn the_stateful_set_runs_the_deployments_pods_under_stable_member_ids() {
+    let documents: Vec<Yaml> =
+        serde_yaml_ng::Deserializer::from_str(&read("deploy/kubernetes/statefulset.yaml"))
+            .map(|document| serde::Deserialize::deserialize(document).unwrap())
+            .collect();
+    let deployment: Yaml =
+        serde_yaml_ng::from_str(&read("deploy/kubernetes/deployment.yaml")).unwrap();
+    let kind = |kind: &str| {
+        documents
+            .iter()
+            .find(|document| document["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("no {kind} in statefulset.yaml"))
+    };
+    let (set, service) = (kind("StatefulSet"), kind("Service"));
+    assert_eq!(set["spec"]["template"], deployment["spec"]["template"]);
+    assert_eq!(set["spec"]["selector"], deployment["spec"]["selector"]);
+    assert_eq!(set["metadata"]["name"], deployment["metadata"]["name"]);
+    assert_eq!(set["spec"]["serviceName"], service["metadata"]["name"]);
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    assert_eq!(
+        service["spec"]["selector"],
+        set["spec"]["selector"]["matchLabels"]
+    );
+    let env = set["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let instance_id = env
+        .iter()
+        .find(|var| var["name"].as_str() == Some("HISTORY__KAFKA__GROUP_INSTANCE_ID"))
+        .expect("the pods are static members");
+    assert_eq!(
+        instance_id["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        Some("metadata.name")
+    );
+    // Listed beside the Deployment as its alternative, not applied with it.
+    let kustomization = read("deploy/kubernetes/kustomization.yaml");
+    assert!(kustomization.contains("statefulset.yaml"));
+    let applied: Yaml = serde_yaml_ng::from_str(&kustomization).unwrap();
+    let resources = applied["resources"].as_sequence().unwrap();
+    assert!(
+        resources
+            .iter()
+            .any(|r| r.as_str() == Some("deployment.yaml"))
+    );
+    assert!(
+        !resources
+            .iter()
+            .any(|r| r.as_str() == Some("statefulset.yaml"))
+    );
+}

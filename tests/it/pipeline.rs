@@ -384,17 +384,30 @@ async fn wait_stale_or_moved(harness: &Harness, count: u64, offset: i64) {
     }
 }
 
+/// Waits until a session of the test's database waits for a lock: a write that reached the
+/// database is held there by a [`hold`].
+async fn wait_lock_waiter(db: &TestDb) {
+    let deadline = std::time::Instant::now() + WAIT;
+    while db.lock_waiters().await == 0 {
+        assert!(std::time::Instant::now() < deadline, "no write waits");
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A revoke leaves the work no writer has started to the partition's next owner: with the
+/// writers still lingering, none of the 200 admitted records is written, the revoke answers at
+/// once with no position, and the next owner (a new epoch) writes all 200 — each once: had the
+/// revoked epoch written any, the next owner would find it `AlreadyApplied`.
 #[actix_rt::test]
-async fn a_revoke_lets_in_flight_records_resolve_then_hands_over_the_whole_position() {
+async fn a_revoke_leaves_the_work_no_writer_started_to_the_next_owner() {
     let db = TestDb::migrated().await;
-    let harness = start(
-        &db,
-        &pipeline_settings(|p| {
-            p.commit_interval_ms = 3_600_000;
-            // The writers are still lingering when the revoke arrives.
-            p.batch_linger_ms = 300;
-        }),
-    );
+    let stats = Stats::new();
+    let settings = pipeline_settings(|p| {
+        p.commit_interval_ms = 3_600_000;
+        // The writers are still lingering when the revoke arrives.
+        p.batch_linger_ms = 300;
+    });
+    let harness = Harness::start(Pipeline::start(&settings, db.pool(8), stats.clone()));
     let tp = TopicPartition::new("t", 0);
     harness.assign(&tp, 1).await;
     harness.inject(&tp, events(0..200)).await;
@@ -405,15 +418,61 @@ async fn a_revoke_lets_in_flight_records_resolve_then_hands_over_the_whole_posit
         .send(crate::mock_kafka::RevokePartition(tp.clone(), WAIT))
         .await
         .unwrap();
-    assert_eq!(positions.len(), 1);
     assert_eq!(
-        (positions[0].offset, positions[0].epoch),
-        (200, 1),
-        "everything admitted before the revoke resolves and is handed over"
+        positions,
+        Vec::new(),
+        "nothing written, nothing to hand over"
     );
-    assert_eq!(harness.committed(&tp), Some(200));
-    assert_eq!(db.count("history_events").await, 200);
     assert!(harness.windows().await.is_empty());
+
+    harness.assign(&tp, 2).await;
+    harness.inject(&tp, events(0..200)).await;
+    wait_window(&harness, |w| w.epoch == 2 && w.position == Some(200)).await;
+    assert_eq!(db.count("history_events").await, 200);
+    let applied_twice = stats
+        .already_applied
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(applied_twice, 0, "the revoked epoch wrote withdrawn work");
+    harness.stop();
+}
+
+/// A revoke waits for the transaction under way and hands over everything it wrote; the
+/// unstarted work behind it is left to the next owner, and nothing is written past the position
+/// handed over (which the next owner would do again). One writer, batches of 20: the batch
+/// 140..160 waits in the database (`evt-150` held), 160..200 wait in the writer's buffer.
+#[actix_rt::test]
+async fn a_revoke_hands_over_what_is_being_written_and_nothing_is_written_past_it() {
+    let db = TestDb::migrated().await;
+    let harness = start(
+        &db,
+        &pipeline_settings(|p| {
+            p.commit_interval_ms = 3_600_000;
+            p.writers = 1;
+            p.batch_max_events = 20;
+        }),
+    );
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    let blocker = hold(&db, "evt-150").await;
+    harness.inject(&tp, events(0..200)).await;
+    wait_lock_waiter(&db).await;
+
+    let revoke = actix_rt::spawn(
+        harness
+            .kafka
+            .send(crate::mock_kafka::RevokePartition(tp.clone(), WAIT)),
+    );
+    // The revoke waits for the held batch; the committer answers this after it took the
+    // unstarted jobs back.
+    harness.windows().await;
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    let positions = revoke.await.unwrap().unwrap();
+    assert_eq!(
+        positions.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![160],
+        "what was written is handed over, up to the end of the batch under way"
+    );
+    assert_eq!(db.count("history_events").await, 160);
     harness.stop();
 }
 
@@ -425,6 +484,8 @@ async fn a_revoked_partition_admits_nothing_new_while_it_drains() {
         &pipeline_settings(|p| {
             p.commit_interval_ms = 3_600_000;
             p.max_in_flight_per_partition = 5;
+            // One writer: 0..5 make one transaction, which evt-0 holds up in the database.
+            p.writers = 1;
         }),
     );
     let tp = TopicPartition::new("t", 0);
@@ -433,6 +494,7 @@ async fn a_revoked_partition_admits_nothing_new_while_it_drains() {
     let blocker = hold(&db, "evt-0").await;
     harness.inject(&tp, events(0..20)).await;
     wait_window(&harness, |w| w.len == 5).await;
+    wait_lock_waiter(&db).await;
 
     let revoke = harness
         .kafka

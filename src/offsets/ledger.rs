@@ -1,0 +1,238 @@
+//! The assignments of this process and what the broker confirmed for each: the guard that
+//! keeps this process from ever sending a position that is not its own, or that would move a
+//! group's committed position backwards. Three paths commit (periodic, revoke, shutdown) and can
+//! race; each asks the ledger which of its positions still need sending.
+//!
+//! Both halves are keyed by the assignment's epoch. A position of an epoch that is over is its
+//! next owner's to commit, never ours; and what was confirmed in one epoch says nothing of the
+//! next: a partition assigned again may rightly commit a lower position (the topic was deleted
+//! and created again, or the group's position was reset meanwhile).
+
+use std::collections::HashMap;
+
+use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
+
+#[derive(Debug)]
+pub struct CommitLedger {
+    /// The epoch of each partition assigned here now.
+    epochs: HashMap<TopicPartition, Epoch>,
+    /// The newest position the broker confirmed for the partition's current epoch.
+    confirmed: HashMap<TopicPartition, (Epoch, i64)>,
+    next_epoch: Epoch,
+}
+
+impl Default for CommitLedger {
+    fn default() -> Self {
+        CommitLedger {
+            epochs: HashMap::new(),
+            confirmed: HashMap::new(),
+            next_epoch: 1,
+        }
+    }
+}
+
+/// How a commit request splits up.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CommitPlan {
+    /// Ahead of the confirmed position of its epoch: to be sent to the broker.
+    pub send: Vec<CommitPosition>,
+    /// Covered already: this position or a later one of the same epoch was confirmed.
+    pub covered: Vec<CommitPosition>,
+    /// The partition's assignment (epoch) is over: its next owner commits it.
+    pub not_ours: Vec<CommitPosition>,
+}
+
+impl CommitLedger {
+    /// Gives each partition a new assignment, with an epoch no earlier assignment had.
+    pub fn assign(
+        &mut self,
+        partitions: impl IntoIterator<Item = TopicPartition>,
+    ) -> Vec<(TopicPartition, Epoch)> {
+        partitions
+            .into_iter()
+            .map(|tp| {
+                let epoch = self.next_epoch;
+                self.next_epoch += 1;
+                self.epochs.insert(tp.clone(), epoch);
+                (tp, epoch)
+            })
+            .collect()
+    }
+
+    /// Ends these assignments (those still current): from now on their positions are their
+    /// next owner's to commit.
+    pub fn forget(&mut self, partitions: &[(TopicPartition, Epoch)]) {
+        for (tp, epoch) in partitions {
+            if self.epochs.get(tp) == Some(epoch) {
+                self.epochs.remove(tp);
+                self.confirmed.remove(tp);
+            }
+        }
+    }
+
+    /// The epoch of a partition's current assignment, if it is assigned here.
+    pub fn epoch_of(&self, tp: &TopicPartition) -> Option<Epoch> {
+        self.epochs.get(tp).copied()
+    }
+
+    /// How many partitions are assigned here.
+    pub fn assigned(&self) -> usize {
+        self.epochs.len()
+    }
+
+    /// Splits `positions` by what is to be done with each.
+    pub fn plan(&self, positions: &[CommitPosition]) -> CommitPlan {
+        let mut plan = CommitPlan::default();
+        for position in positions {
+            if self.epoch_of(&position.tp) != Some(position.epoch) {
+                plan.not_ours.push(position.clone());
+            } else if self
+                .confirmed
+                .get(&position.tp)
+                .is_some_and(|&(epoch, confirmed)| {
+                    epoch == position.epoch && confirmed >= position.offset
+                })
+            {
+                // Sending it would move the group's position backwards (a revoke or the final
+                // commit overtook this one), or repeat a commit.
+                plan.covered.push(position.clone());
+            } else {
+                plan.send.push(position.clone());
+            }
+        }
+        plan
+    }
+
+    /// Records positions the broker confirmed (those of assignments still current).
+    pub fn confirm(&mut self, positions: &[CommitPosition]) {
+        for position in positions {
+            if self.epoch_of(&position.tp) != Some(position.epoch) {
+                continue;
+            }
+            let confirmed = self
+                .confirmed
+                .entry(position.tp.clone())
+                .or_insert((position.epoch, position.offset));
+            *confirmed = if confirmed.0 == position.epoch {
+                (position.epoch, confirmed.1.max(position.offset))
+            } else {
+                (position.epoch, position.offset)
+            };
+        }
+    }
+
+    /// The outcome of a plan once the broker answered the positions it sent.
+    pub fn outcome(plan: CommitPlan, sent_ok: bool) -> CommitOutcome {
+        let mut outcome = CommitOutcome {
+            confirmed: plan.covered,
+            failed: plan.not_ours,
+        };
+        if sent_ok {
+            outcome.confirmed.extend(plan.send);
+        } else {
+            outcome.failed.extend(plan.send);
+        }
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(partition: i32) -> TopicPartition {
+        TopicPartition::new("t", partition)
+    }
+
+    fn at(partition: i32, epoch: Epoch, offset: i64) -> CommitPosition {
+        CommitPosition {
+            tp: tp(partition),
+            epoch,
+            offset,
+        }
+    }
+
+    /// A ledger with partitions 0 and 1 assigned, at epochs 1 and 2.
+    fn assigned() -> CommitLedger {
+        let mut ledger = CommitLedger::default();
+        assert_eq!(ledger.assign([tp(0), tp(1)]), vec![(tp(0), 1), (tp(1), 2)]);
+        ledger
+    }
+
+    #[test]
+    fn a_position_behind_the_confirmed_one_is_never_sent() {
+        let mut ledger = assigned();
+        ledger.confirm(&[at(0, 1, 100)]);
+        // A periodic commit of 40, overtaken by a revoke's commit of 100.
+        let plan = ledger.plan(&[at(0, 1, 40), at(1, 2, 7)]);
+        assert_eq!(plan.covered, vec![at(0, 1, 40)]);
+        assert_eq!(plan.send, vec![at(1, 2, 7)]);
+    }
+
+    #[test]
+    fn the_same_position_is_not_committed_twice() {
+        let mut ledger = assigned();
+        ledger.confirm(&[at(0, 1, 100)]);
+        let plan = ledger.plan(&[at(0, 1, 100)]);
+        assert_eq!((plan.send.len(), plan.covered.len()), (0, 1));
+    }
+
+    #[test]
+    fn a_later_position_is_sent_and_confirming_an_older_one_never_lowers_it() {
+        let mut ledger = assigned();
+        ledger.confirm(&[at(0, 1, 100)]);
+        assert_eq!(ledger.plan(&[at(0, 1, 101)]).send.len(), 1);
+        ledger.confirm(&[at(0, 1, 50)]);
+        assert_eq!(ledger.plan(&[at(0, 1, 60)]).covered.len(), 1);
+    }
+
+    #[test]
+    fn positions_of_an_ended_assignment_are_not_ours_to_commit() {
+        let mut ledger = assigned();
+        ledger.forget(&[(tp(0), 1)]);
+        let plan = ledger.plan(&[at(0, 1, 10), at(1, 2, 10)]);
+        assert_eq!(plan.not_ours, vec![at(0, 1, 10)]);
+        assert_eq!(plan.send, vec![at(1, 2, 10)]);
+        let outcome = CommitLedger::outcome(plan, true);
+        assert_eq!(outcome.confirmed, vec![at(1, 2, 10)]);
+        assert_eq!(outcome.failed, vec![at(0, 1, 10)]);
+        assert_eq!(ledger.assigned(), 1);
+    }
+
+    #[test]
+    fn forgetting_an_older_epoch_leaves_the_current_assignment_alone() {
+        let mut ledger = assigned();
+        let again = ledger.assign([tp(0)]);
+        assert_eq!(again, vec![(tp(0), 3)]);
+        ledger.forget(&[(tp(0), 1)]);
+        assert_eq!(ledger.epoch_of(&tp(0)), Some(3));
+    }
+
+    /// A partition assigned again may commit lower than what an earlier assignment confirmed:
+    /// the topic was created anew, or the group's position was reset meanwhile.
+    #[test]
+    fn what_an_earlier_epoch_confirmed_does_not_cover_a_later_one() {
+        let mut ledger = assigned();
+        ledger.confirm(&[at(0, 1, 5_000)]);
+        ledger.forget(&[(tp(0), 1)]);
+        ledger.assign([tp(0)]);
+        let plan = ledger.plan(&[at(0, 3, 40)]);
+        assert_eq!(plan.send, vec![at(0, 3, 40)]);
+        // Also when the new assignment came before the old one was forgotten here.
+        let mut ledger = assigned();
+        ledger.confirm(&[at(0, 1, 5_000)]);
+        ledger.assign([tp(0)]);
+        assert_eq!(ledger.plan(&[at(0, 3, 40)]).send, vec![at(0, 3, 40)]);
+        ledger.confirm(&[at(0, 3, 40)]);
+        assert_eq!(ledger.plan(&[at(0, 3, 40)]).covered, vec![at(0, 3, 40)]);
+    }
+
+    #[test]
+    fn a_confirmation_of_an_ended_epoch_is_not_recorded() {
+        let mut ledger = assigned();
+        ledger.forget(&[(tp(0), 1)]);
+        ledger.assign([tp(0)]);
+        ledger.confirm(&[at(0, 1, 100)]);
+        assert_eq!(ledger.plan(&[at(0, 3, 50)]).send.len(), 1);
+    }
+}
