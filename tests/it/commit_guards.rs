@@ -192,3 +192,112 @@ async fn a_lower_position_of_a_later_assignment_is_committed() {
     assert!(outcome.is_complete());
     assert_eq!(committed(&broker, group, topic).await, Some(40));
 }
+
+/// Stands in for an OffsetCommitter that is busy: held until told to go, its mailbox filled
+/// beyond its bound meanwhile; it counts the revokes it gets.
+struct Busy {
+    revokes: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Actor for Busy {
+    type Context = Context<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct HoldUntil(std::sync::mpsc::Receiver<()>);
+
+impl Handler<HoldUntil> for Busy {
+    type Result = ();
+
+    fn handle(&mut self, msg: HoldUntil, _: &mut Context<Self>) {
+        let _ = msg.0.recv();
+    }
+}
+
+impl Handler<Revoke> for Busy {
+    type Result = Vec<CommitPosition>;
+
+    fn handle(&mut self, _: Revoke, _: &mut Context<Self>) -> Vec<CommitPosition> {
+        self.revokes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Vec::new()
+    }
+}
+
+impl Handler<Lost> for Busy {
+    type Result = ();
+
+    fn handle(&mut self, _: Lost, _: &mut Context<Self>) {}
+}
+
+/// A revoke is never lost to a full mailbox: the committer is held for two whole revokes with
+/// its mailbox past its bound, so both are sent while it is full, and both arrive once the
+/// committer goes on. (Send them with `try_send` and this fails: the second is dropped.)
+#[actix_rt::test]
+async fn a_revoke_is_not_lost_to_a_full_committer_mailbox() {
+    let broker = EmbeddedBroker::start(1).unwrap();
+    let (topic, group) = ("tickets.guard.mailbox", "guard-mailbox");
+    broker.create_topic(topic, 1).unwrap();
+    let revokes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let arbiter = Arbiter::new();
+    let busy = {
+        let revokes = revokes.clone();
+        Busy::start_in_arbiter(&arbiter.handle(), move |_| Busy { revokes })
+    };
+    let context = SupervisorContext::new(
+        CommitterLink {
+            revoke: busy.clone().recipient(),
+            lost: busy.clone().recipient(),
+        },
+        Duration::from_secs(1),
+        Arc::new(Stats::default()),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let consumer: GuardedConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap_servers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .create_with_context(context)
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let tp = TopicPartition::new(topic, 0);
+    assigned(&consumer, &tp).await;
+
+    let (go, held) = std::sync::mpsc::channel();
+    busy.do_send(HoldUntil(held));
+    for _ in 0..100 {
+        busy.do_send(Lost {
+            partitions: Vec::new(),
+        });
+    }
+    // Two revokes, each inside these polls, each ending at its deadline: nobody answers them.
+    // (A bounded send parks its sender on a full mailbox: the first would get through, the
+    // second would be refused.)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for round in 0..2 {
+        if round > 0 {
+            consumer.subscribe(&[topic]).unwrap();
+            assigned(&consumer, &tp).await;
+        }
+        consumer.unsubscribe();
+        while consumer.context().epoch_of(&tp).is_some() {
+            let _ = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
+            assert!(Instant::now() < deadline, "the partition was never revoked");
+        }
+        consumer.context().take_events();
+    }
+    assert_eq!(revokes.load(std::sync::atomic::Ordering::SeqCst), 0);
+    go.send(()).unwrap();
+    while revokes.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{} of the 2 revokes sent to the full mailbox arrived",
+            revokes.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    arbiter.stop();
+}
