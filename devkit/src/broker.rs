@@ -68,6 +68,37 @@ impl EmbeddedBroker {
         self.cluster().bootstrap_servers()
     }
 
+    /// Fails the cluster's next requests of kind `api` (Kafka's API key: one that rdkafka's
+    /// `RDKafkaApiKey` may not name, such as KIP-848's `ConsumerGroupHeartbeat`, 68) with
+    /// `errors`, one each.
+    pub fn push_request_errors(&self, api: i16, errors: &[rdkafka::types::RDKafkaRespErr]) {
+        // SAFETY: the cluster belongs to `owner`, which is alive; librdkafka copies the array.
+        unsafe {
+            let cluster =
+                rdkafka_sys::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr());
+            if !cluster.is_null() {
+                rdkafka_sys::rd_kafka_mock_push_request_errors_array(
+                    cluster,
+                    api,
+                    errors.len(),
+                    errors.as_ptr(),
+                );
+            }
+        }
+    }
+
+    /// Forgets the errors still queued for requests of kind `api`.
+    pub fn clear_request_errors(&self, api: i16) {
+        // SAFETY: as in `push_request_errors`.
+        unsafe {
+            let cluster =
+                rdkafka_sys::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr());
+            if !cluster.is_null() {
+                rdkafka_sys::rd_kafka_mock_clear_request_errors(cluster, api);
+            }
+        }
+    }
+
     /// Creates a topic (the mock cluster has no CreateTopics API).
     pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), BrokerError> {
         self.cluster().create_topic(topic, partitions, 1)?;

@@ -33,20 +33,23 @@ pub enum Fault {
     },
 }
 
-const APIS: [(&str, RDKafkaApiKey); 10] = [
-    ("produce", RDKafkaApiKey::Produce),
-    ("fetch", RDKafkaApiKey::Fetch),
-    ("list-offsets", RDKafkaApiKey::ListOffsets),
-    ("metadata", RDKafkaApiKey::Metadata),
-    ("offset-commit", RDKafkaApiKey::OffsetCommit),
-    ("offset-fetch", RDKafkaApiKey::OffsetFetch),
-    ("find-coordinator", RDKafkaApiKey::FindCoordinator),
-    ("join-group", RDKafkaApiKey::JoinGroup),
-    ("heartbeat", RDKafkaApiKey::Heartbeat),
-    ("sync-group", RDKafkaApiKey::SyncGroup),
+/// Request kinds by Kafka's API keys (rdkafka's `RDKafkaApiKey` does not name KIP-848's).
+const APIS: [(&str, i16); 11] = [
+    ("produce", RDKafkaApiKey::Produce as i16),
+    ("fetch", RDKafkaApiKey::Fetch as i16),
+    ("list-offsets", RDKafkaApiKey::ListOffsets as i16),
+    ("metadata", RDKafkaApiKey::Metadata as i16),
+    ("offset-commit", RDKafkaApiKey::OffsetCommit as i16),
+    ("offset-fetch", RDKafkaApiKey::OffsetFetch as i16),
+    ("find-coordinator", RDKafkaApiKey::FindCoordinator as i16),
+    ("join-group", RDKafkaApiKey::JoinGroup as i16),
+    ("heartbeat", RDKafkaApiKey::Heartbeat as i16),
+    ("sync-group", RDKafkaApiKey::SyncGroup as i16),
+    // The `consumer` protocol's (KIP-848) heartbeat, which also carries its assignments.
+    ("consumer-group-heartbeat", 68),
 ];
 
-const ERRORS: [(&str, RDKafkaRespErr); 8] = [
+const ERRORS: [(&str, RDKafkaRespErr); 9] = [
     ("transport", RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT),
     (
         "not-leader",
@@ -76,6 +79,10 @@ const ERRORS: [(&str, RDKafkaRespErr); 8] = [
         "rebalance-in-progress",
         RDKafkaRespErr::RD_KAFKA_RESP_ERR_REBALANCE_IN_PROGRESS,
     ),
+    (
+        "fenced-member-epoch",
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_FENCED_MEMBER_EPOCH,
+    ),
 ];
 
 /// Request kinds that `request-errors` accepts.
@@ -88,7 +95,7 @@ pub fn error_names() -> impl Iterator<Item = &'static str> {
     ERRORS.iter().map(|(name, _)| *name)
 }
 
-fn api(name: &str) -> Result<(&'static str, RDKafkaApiKey), String> {
+fn api(name: &str) -> Result<(&'static str, i16), String> {
     APIS.iter()
         .find(|(known, _)| *known == name)
         .copied()
@@ -164,11 +171,11 @@ impl Fault {
             } => {
                 let (_, key) = api(name)?;
                 let (_, code) = error(code)?;
-                cluster.request_errors(key, &vec![code; *count]);
+                broker.push_request_errors(key, &vec![code; *count]);
                 Ok(())
             }
             Fault::ClearErrors(name) => {
-                cluster.clear_request_errors(api(name)?.1);
+                broker.clear_request_errors(api(name)?.1);
                 Ok(())
             }
             Fault::RoundTrip { broker, delay_ms } => {

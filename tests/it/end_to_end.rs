@@ -339,21 +339,38 @@ async fn a_partition_is_paused_as_soon_as_what_was_handed_over_fills_its_window(
 
 #[actix_rt::test]
 async fn a_lost_assignment_commits_nothing_and_the_rejoined_member_rereads_without_duplicates() {
-    lost_assignment(None).await;
+    lost_assignment(None, "classic").await;
 }
 
 #[actix_rt::test]
 async fn a_lost_assignment_under_the_eager_protocol_commits_nothing_either() {
-    lost_assignment(Some((
-        "HISTORY__KAFKA__PROPERTIES__PARTITION_ASSIGNMENT_STRATEGY",
-        "range",
-    )))
+    lost_assignment(
+        Some((
+            "HISTORY__KAFKA__PROPERTIES__PARTITION_ASSIGNMENT_STRATEGY",
+            "range",
+        )),
+        "classic",
+    )
     .await;
 }
 
-async fn lost_assignment(property: Option<(&str, &str)>) {
+#[actix_rt::test]
+async fn a_lost_assignment_under_the_consumer_protocol_commits_nothing_either() {
+    lost_assignment(None, "consumer").await;
+}
+
+/// The heartbeat refusal that fences this member, under each protocol.
+fn fencing(protocol: &str) -> &'static str {
+    match protocol {
+        "consumer" => "request-errors consumer-group-heartbeat 1 fenced-member-epoch",
+        _ => "request-errors heartbeat 1 unknown-member",
+    }
+}
+
+async fn lost_assignment(property: Option<(&str, &str)>, protocol: &str) {
     let mut app = TestApp::prepare(|o| {
         o.partitions = 2;
+        o.protocol(protocol);
         if let Some((key, value)) = property {
             o.env(key, value);
         }
@@ -367,9 +384,10 @@ async fn lost_assignment(property: Option<(&str, &str)>) {
     app.start();
     app.wait_rows(distinct, Duration::from_secs(30)).await;
 
-    // The coordinator forgets the member: its next heartbeat is answered UNKNOWN_MEMBER_ID,
-    // and librdkafka declares the assignment lost (no clean revoke), then rejoins.
-    "request-errors heartbeat 1 unknown-member"
+    // The coordinator fences the member: its next heartbeat is refused (UNKNOWN_MEMBER_ID, or
+    // FENCED_MEMBER_EPOCH under KIP-848), and librdkafka declares the assignment lost (no clean
+    // revoke), then rejoins.
+    fencing(protocol)
         .parse::<history_devkit::faults::Fault>()
         .unwrap()
         .apply(app.broker())
@@ -417,8 +435,18 @@ fn epochs_in(line: &str) -> Vec<u64> {
 /// re-reads from the last confirmed position, and the backlog ends exact.
 #[actix_rt::test]
 async fn a_lost_assignment_under_periodic_commits_confirms_nothing_of_its_epoch_after_the_loss() {
+    lost_under_periodic_commits("classic").await;
+}
+
+#[actix_rt::test]
+async fn a_lost_assignment_under_consumer_and_periodic_commits_confirms_nothing_after_it() {
+    lost_under_periodic_commits("consumer").await;
+}
+
+async fn lost_under_periodic_commits(protocol: &str) {
     let mut app = TestApp::prepare(|o| {
         o.partitions = 2;
+        o.protocol(protocol);
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
         o.env(
             "HISTORY__LOG__FILTER",
@@ -433,7 +461,7 @@ async fn a_lost_assignment_under_periodic_commits_confirms_nothing_of_its_epoch_
     app.produce(&records).await;
     app.start();
     app.wait_rows(2_000, Duration::from_secs(60)).await;
-    "request-errors heartbeat 1 unknown-member"
+    fencing(protocol)
         .parse::<history_devkit::faults::Fault>()
         .unwrap()
         .apply(app.broker())
@@ -477,7 +505,7 @@ async fn a_lost_assignment_under_periodic_commits_confirms_nothing_of_its_epoch_
         .unwrap_or(0.0)
         - (records.len() as f64 - distinct as f64);
     eprintln!(
-        "lost assignment {lost:?} under 100 ms periodic commits: {} commits before the loss, \
+        "{protocol}: lost assignment {lost:?} under 100 ms periodic commits: {} commits before the loss, \
          {} after (new epochs), {redone} records read again",
         before.len(),
         after.len()
