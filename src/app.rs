@@ -525,10 +525,8 @@ async fn migrate_until_done(
     );
     let mut rejections = 0;
     loop {
-        let attempt = async {
-            let mut client = database.connect().await?;
-            migrate::run_migrations(&mut client).await
-        };
+        let attempt =
+            migrate::run_migrations_within(database, settings.database.migration_timeout());
         let err = match attempt.await {
             Ok(_) => return Ok(()),
             Err(err) => err,

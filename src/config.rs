@@ -84,6 +84,10 @@ pub struct DatabaseSettings {
     /// Data sent and not acknowledged for this long drops the connection (`TCP_USER_TIMEOUT`).
     pub tcp_user_timeout_ms: u64,
     pub migrate_on_start: bool,
+    /// Longest one attempt at applying the migrations may take (waiting for another replica's
+    /// migration lock included), client side: a hung connection then gives way to a new
+    /// attempt on a fresh one.
+    pub migration_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -478,6 +482,10 @@ impl DatabaseSettings {
         Duration::from_millis(self.statement_timeout_ms)
     }
 
+    pub fn migration_timeout(&self) -> Duration {
+        Duration::from_millis(self.migration_timeout_ms)
+    }
+
     pub fn idle_in_transaction_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_in_transaction_timeout_ms)
     }
@@ -512,6 +520,13 @@ impl DatabaseSettings {
             self.statement_timeout_ms,
             1,
             POSTGRES_MAX_MS,
+            " (0 would mean no deadline)",
+        )?;
+        bounded(
+            "database.migration_timeout_ms",
+            self.migration_timeout_ms,
+            1,
+            u64::from(u32::MAX),
             " (0 would mean no deadline)",
         )?;
         bounded(

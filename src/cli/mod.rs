@@ -221,11 +221,7 @@ async fn run_migrate(settings: &Settings, args: &MigrateArgs) -> anyhow::Result<
     if args.create_database && migrate::create_database_if_missing(&database).await? {
         println!("created database {target}");
     }
-    let mut client = database
-        .connect()
-        .await
-        .with_context(|| format!("failed to connect to {target}"))?;
-    let report = migrate::run_migrations(&mut client)
+    let report = migrate::run_migrations_within(&database, settings.database.migration_timeout())
         .await
         .with_context(|| format!("failed to migrate {target}"))?;
     render::migration(&target, &report);

@@ -208,18 +208,22 @@ where
 }
 
 /// Step 1 of [`publish_pending`]: claims the letters in one statement (its own transaction).
+/// Each step runs under the pool's deadline (`database.statement_timeout_ms`): a round on a
+/// connection that hangs ends as `TimedOut`, and the pool replaces its connections.
 async fn claim(
     pool: &PgPool,
     topic: &str,
     limit: i64,
     policy: PublishPolicy,
 ) -> Result<Vec<PendingLetter>, StoreError> {
-    let conn = pool.get().await?;
     let lease_ms = policy.lease.as_millis() as f64;
-    let rows = conn
-        .client
-        .query(
-            "WITH claimable AS ( \
+    let rows = pool
+        .within_deadline(async {
+            let conn = pool.get().await?;
+            Ok(conn
+                .client
+                .query(
+                    "WITH claimable AS ( \
                  SELECT topic, partition, \"offset\", publish_attempts, first_seen \
                  FROM dead_letters \
                  WHERE publish_to = $1 AND published_at IS NULL \
@@ -233,8 +237,10 @@ async fn claim(
              WHERE (d.topic, d.partition, d.\"offset\") = (c.topic, c.partition, c.\"offset\") \
              RETURNING d.topic, d.partition, d.\"offset\", d.record_key, d.payload, \
                        d.reason_code, d.reason, c.publish_attempts, c.first_seen",
-            &[&topic, &limit, &lease_ms, &policy.ignore_backoff],
-        )
+                    &[&topic, &limit, &lease_ms, &policy.ignore_backoff],
+                )
+                .await?)
+        })
         .await?;
     let mut claimed: Vec<(i32, DateTime<Utc>, PendingLetter)> = rows
         .iter()
@@ -277,28 +283,29 @@ async fn record_outcomes(
             letters.iter().map(|l| l.offset).collect::<Vec<_>>(),
         )
     };
-    let mut conn = pool.get().await?;
-    let tx = conn.client.transaction().await?;
-    if !ok.is_empty() {
-        let (topics, partitions, offsets) = column(ok);
-        tx.execute(
-            "UPDATE dead_letters SET published_at = now(), publish_error = NULL, \
+    pool.within_deadline(async {
+        let mut conn = pool.get().await?;
+        let tx = conn.client.transaction().await?;
+        if !ok.is_empty() {
+            let (topics, partitions, offsets) = column(ok);
+            tx.execute(
+                "UPDATE dead_letters SET published_at = now(), publish_error = NULL, \
                  publish_claimed_until = NULL, publish_next_at = NULL \
              WHERE (topic, partition, \"offset\") IN \
              (SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[]))",
-            &[&topics, &partitions, &offsets],
-        )
-        .await?;
-    }
-    if !failed.is_empty() {
-        let letters: Vec<&PendingLetter> = failed.iter().map(|(letter, _)| *letter).collect();
-        let (topics, partitions, offsets) = column(&letters);
-        let errors: Vec<&str> = failed.iter().map(|(_, error)| error.as_str()).collect();
-        let initial_ms = policy.retry_initial.as_millis() as f64;
-        let max_ms = policy.retry_max.as_millis() as f64;
-        // The backoff doubles per failed attempt (the exponent capped, so it cannot overflow).
-        tx.execute(
-            "UPDATE dead_letters AS d \
+                &[&topics, &partitions, &offsets],
+            )
+            .await?;
+        }
+        if !failed.is_empty() {
+            let letters: Vec<&PendingLetter> = failed.iter().map(|(letter, _)| *letter).collect();
+            let (topics, partitions, offsets) = column(&letters);
+            let errors: Vec<&str> = failed.iter().map(|(_, error)| error.as_str()).collect();
+            let initial_ms = policy.retry_initial.as_millis() as f64;
+            let max_ms = policy.retry_max.as_millis() as f64;
+            // The backoff doubles per failed attempt (the exponent capped, so it cannot overflow).
+            tx.execute(
+                "UPDATE dead_letters AS d \
              SET publish_attempts = d.publish_attempts + 1, publish_error = f.error, \
                  publish_claimed_until = NULL, \
                  publish_next_at = now() + least($5, $6 * power(2, least(d.publish_attempts, 30))) \
@@ -306,35 +313,41 @@ async fn record_outcomes(
              FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[]) \
                   AS f(topic, partition, \"offset\", error) \
              WHERE (d.topic, d.partition, d.\"offset\") = (f.topic, f.partition, f.\"offset\")",
-            &[
-                &topics,
-                &partitions,
-                &offsets,
-                &errors,
-                &max_ms,
-                &initial_ms,
-            ],
-        )
-        .await?;
-    }
-    tx.commit().await?;
-    Ok(())
+                &[
+                    &topics,
+                    &partitions,
+                    &offsets,
+                    &errors,
+                    &max_ms,
+                    &initial_ms,
+                ],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    })
+    .await
 }
 
 /// How long until the next letter pending for `topic` becomes claimable (its backoff or its
 /// claim over; zero if one is already), by the database's clock; `None` when nothing is
 /// pending.
 pub async fn next_due(pool: &PgPool, topic: &str) -> Result<Option<Duration>, StoreError> {
-    let conn = pool.get().await?;
-    let row = conn
-        .client
-        .query_one(
-            "SELECT extract(epoch FROM min(greatest(coalesce(publish_next_at, now()), \
+    let row = pool
+        .within_deadline(async {
+            let conn = pool.get().await?;
+            Ok(conn
+                .client
+                .query_one(
+                    "SELECT extract(epoch FROM min(greatest(coalesce(publish_next_at, now()), \
                                                     coalesce(publish_claimed_until, now()))) \
                                    - now())::float8 \
              FROM dead_letters WHERE publish_to = $1 AND published_at IS NULL",
-            &[&topic],
-        )
+                    &[&topic],
+                )
+                .await?)
+        })
         .await?;
     let seconds: Option<f64> = row.get(0);
     Ok(seconds.map(|seconds| Duration::from_secs_f64(seconds.max(0.0))))

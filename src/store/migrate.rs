@@ -50,6 +50,23 @@ pub async fn run_migrations(client: &mut Client) -> Result<MigrationReport, Stor
     Ok(MigrationReport { applied, known })
 }
 
+/// Connects to `database` and applies its pending migrations, giving up after `timeout` (the
+/// connection is dropped then): [`StoreError::TimedOut`]. A hung server or a fail-over that
+/// leaves the old address acknowledging would otherwise hold start-up for good.
+pub async fn run_migrations_within(
+    database: &Database,
+    timeout: std::time::Duration,
+) -> Result<MigrationReport, StoreError> {
+    let attempt = async {
+        let mut client = database.connect().await?;
+        run_migrations(&mut client).await
+    };
+    match tokio::time::timeout(timeout, attempt).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::TimedOut(timeout)),
+    }
+}
+
 /// Connects without TLS, outside any pool (tools and tests; the service uses [`Database`]).
 pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, StoreError> {
     Database::plain(config.clone()).connect().await

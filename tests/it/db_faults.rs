@@ -313,3 +313,93 @@ async fn a_database_that_never_answers_makes_the_service_unready_naming_the_dead
     eprintln!("unready while hung: {reason}; {timeouts:?} timeouts");
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
+
+/// What the service asks of the database besides its writes is bounded too. Applying the
+/// migrations (at start-up and `history-service migrate`) against a server that accepts the
+/// connection and then never answers ends as `TimedOut` at `database.migration_timeout_ms`; each
+/// step of a dead-letter relay round (the claim, the next letter's due time) on pooled
+/// connections that froze ends at `database.statement_timeout_ms`. Without those deadlines each
+/// of these waits for good (the socket stays open, and the kernel acknowledges everything).
+#[actix_rt::test]
+async fn migrations_and_the_dead_letter_relays_queries_end_at_their_deadlines_on_a_hung_database() {
+    use history_service::store::{dead_letters, migrate};
+
+    let server = server_address()
+        .expect("the fault proxy forwards TCP: HISTORY_TEST_DATABASE_URL must name a TCP host");
+    let proxy = FaultProxy::start(server).expect("the fault proxy starts");
+    let db = TestDb::migrated().await;
+    let mut database = Database::plain(db.url_via(proxy.addr()).parse().unwrap());
+    database.limits = SessionLimits {
+        statement_timeout: Duration::from_secs(1),
+        ..SessionLimits::default()
+    };
+    // Never more than this: past it, the wait had no bound.
+    let no_bound = Duration::from_secs(20);
+
+    proxy.freeze_new(true);
+    let started = Instant::now();
+    let migrated = tokio::time::timeout(
+        no_bound,
+        migrate::run_migrations_within(&database, Duration::from_secs(1)),
+    )
+    .await
+    .expect("the migrations waited without a bound");
+    assert!(
+        matches!(migrated, Err(StoreError::TimedOut(_))),
+        "{migrated:?}"
+    );
+    eprintln!(
+        "migrations on a hung server: {:?} after {:?}",
+        migrated,
+        started.elapsed()
+    );
+    proxy.freeze_new(false);
+    proxy.thaw();
+
+    let pool = database.pool(2, Duration::from_secs(5));
+    // Both pooled connections open and answering, then frozen.
+    let freeze_the_pool = || async {
+        proxy.thaw();
+        let open: Vec<_> = futures::future::join_all((0..2).map(|_| pool.get())).await;
+        for conn in &open {
+            let conn = conn.as_ref().unwrap();
+            conn.client.simple_query("SELECT 1").await.unwrap();
+        }
+        drop(open);
+        // (Connections given up earlier may still be open: frozen along.)
+        assert!(proxy.freeze_open(Direction::Both) >= 2);
+    };
+    freeze_the_pool().await;
+    let started = Instant::now();
+    let due = tokio::time::timeout(no_bound, dead_letters::next_due(&pool, "dead"))
+        .await
+        .expect("the relay's look at the next letter waited without a bound");
+    assert!(matches!(due, Err(StoreError::TimedOut(_))), "{due:?}");
+    let policy = dead_letters::PublishPolicy {
+        lease: Duration::from_secs(60),
+        retry_initial: Duration::from_millis(100),
+        retry_max: Duration::from_secs(1),
+        ignore_backoff: false,
+    };
+    freeze_the_pool().await;
+    let round = tokio::time::timeout(
+        no_bound,
+        dead_letters::publish_pending(&pool, "dead", 10, policy, |letters| async move {
+            letters.iter().map(|_| Ok(())).collect()
+        }),
+    )
+    .await
+    .expect("the relay's claim waited without a bound");
+    assert!(matches!(round, Err(StoreError::TimedOut(_))), "{round:?}");
+    eprintln!(
+        "the relay's next-due look and claim on frozen connections: timed out, {:?} in all",
+        started.elapsed()
+    );
+    // Fresh connections serve the next round.
+    proxy.thaw();
+    let round = dead_letters::publish_pending(&pool, "dead", 10, policy, |letters| async move {
+        letters.iter().map(|_| Ok(())).collect()
+    })
+    .await;
+    assert_eq!(round.unwrap(), dead_letters::PublishRound::default());
+}
