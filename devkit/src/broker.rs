@@ -6,9 +6,15 @@ use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 
+use crate::fault_proxy::FaultProxy;
+
 #[derive(Debug, thiserror::Error)]
-#[error("embedded broker: {0}")]
-pub struct BrokerError(#[from] rdkafka::error::KafkaError);
+pub enum BrokerError {
+    #[error("embedded broker: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("embedded broker: its fault proxy: {0}")]
+    Proxy(#[from] std::io::Error),
+}
 
 /// How long the group coordinator waits for more members before the first assignment. Kafka's
 /// default is 3 s; locally nobody else is coming, so the group forms at once.
@@ -24,6 +30,9 @@ pub const CONSUMER_HEARTBEAT_INTERVAL_MS: i32 = 500;
 
 /// A running mock cluster. It lives on the thread that made it and stops when dropped.
 pub struct EmbeddedBroker {
+    /// One fault proxy in front of each broker, in broker-id order, when the cluster was
+    /// started behind proxies (dropped before the cluster).
+    proxies: Vec<FaultProxy>,
     /// The client that owns the cluster (librdkafka creates it for `test.mock.num.brokers`);
     /// it never produces anything.
     owner: BaseProducer,
@@ -53,7 +62,55 @@ impl EmbeddedBroker {
                 );
             }
         }
-        Ok(EmbeddedBroker { owner })
+        Ok(EmbeddedBroker {
+            proxies: Vec::new(),
+            owner,
+        })
+    }
+
+    /// Starts a cluster whose every broker is reached through a [`FaultProxy`] of its own: the
+    /// cluster advertises each proxy's address for its broker (`rd_kafka_mock_broker_set_host_port`)
+    /// and [`bootstrap_servers`](Self::bootstrap_servers) names the proxies, so every connection
+    /// of every client goes through them — frozen, slowed, reset or refused at will
+    /// ([`proxy`](Self::proxy)).
+    pub fn start_proxied(brokers: i32) -> Result<Self, BrokerError> {
+        let mut broker = Self::start(brokers)?;
+        let listeners: Vec<std::net::SocketAddr> = broker
+            .cluster()
+            .bootstrap_servers()
+            .split(',')
+            .map(|address| address.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidData, err))?;
+        for (index, listener) in listeners.into_iter().enumerate() {
+            let proxy = FaultProxy::start(listener)?;
+            // SAFETY: the cluster belongs to `owner`, which is alive; the host is copied.
+            unsafe {
+                let cluster =
+                    rdkafka_sys::rd_kafka_handle_mock_cluster(broker.owner.client().native_ptr());
+                let host = std::ffi::CString::new("127.0.0.1").expect("no NUL");
+                rdkafka_sys::rd_kafka_mock_broker_set_host_port(
+                    cluster,
+                    index as i32 + 1,
+                    host.as_ptr(),
+                    i32::from(proxy.port()),
+                );
+            }
+            broker.proxies.push(proxy);
+        }
+        Ok(broker)
+    }
+
+    /// The fault proxy in front of broker `id` (from 1), if the cluster runs behind proxies.
+    pub fn proxy(&self, id: i32) -> Option<&FaultProxy> {
+        usize::try_from(id - 1)
+            .ok()
+            .and_then(|index| self.proxies.get(index))
+    }
+
+    /// Every broker's fault proxy (none unless started with [`start_proxied`](Self::start_proxied)).
+    pub fn proxies(&self) -> &[FaultProxy] {
+        &self.proxies
     }
 
     /// The cluster, for topic creation and fault injection (request errors, brokers down/up).
@@ -64,8 +121,16 @@ impl EmbeddedBroker {
             .expect("the owner client was created with a mock cluster")
     }
 
+    /// Where clients start: the brokers, or their proxies when the cluster runs behind them.
     pub fn bootstrap_servers(&self) -> String {
-        self.cluster().bootstrap_servers()
+        if self.proxies.is_empty() {
+            return self.cluster().bootstrap_servers();
+        }
+        self.proxies
+            .iter()
+            .map(|proxy| proxy.addr().to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// Fails the cluster's next requests of kind `api` (Kafka's API key: one that rdkafka's

@@ -9,12 +9,24 @@
 //! clear-errors fetch
 //! rtt 1 250                          # broker 1 answers 250 ms late (0 to clear)
 //! ```
+//!
+//! With the brokers behind fault proxies (`dev-kafka --proxied`), their connections themselves:
+//!
+//! ```text
+//! freeze-connections both            # nothing more flows on the open connections (up, down)
+//! thaw                               # they flow again, what was held first
+//! freeze-new on                      # new connections are accepted and never answered (off)
+//! refuse-connections on              # new connections are reset at once (off)
+//! reset-connections                  # every open connection is reset (RST)
+//! latency 200                        # every chunk forwarded 200 ms late, both ways (0: none)
+//! ```
 
 use std::time::Duration;
 
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
 use super::broker::EmbeddedBroker;
+use super::fault_proxy::{Direction, FaultProxy};
 
 /// One fault to inject.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +43,18 @@ pub enum Fault {
         broker: i32,
         delay_ms: u64,
     },
+    /// The brokers' proxies: freeze their open connections, this way.
+    FreezeConnections(Direction),
+    /// The brokers' proxies: let every frozen connection flow again.
+    Thaw,
+    /// The brokers' proxies: accept new connections and never answer them (or stop).
+    FreezeNew(bool),
+    /// The brokers' proxies: reset new connections at once (or stop).
+    RefuseConnections(bool),
+    /// The brokers' proxies: reset every open connection.
+    ResetConnections,
+    /// The brokers' proxies: delay everything forwarded, both ways.
+    Latency(u64),
 }
 
 /// Request kinds by Kafka's API keys (rdkafka's `RDKafkaApiKey` does not name KIP-848's).
@@ -120,6 +144,14 @@ fn error(name: &str) -> Result<(&'static str, RDKafkaRespErr), String> {
         })
 }
 
+fn switch(word: Option<&str>) -> Result<bool, String> {
+    match word.ok_or("missing on or off")? {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{other:?} is not on or off")),
+    }
+}
+
 fn number<T: std::str::FromStr>(word: Option<&str>, what: &str) -> Result<T, String> {
     word.ok_or_else(|| format!("missing {what}"))?
         .parse()
@@ -148,6 +180,23 @@ impl std::str::FromStr for Fault {
                 broker: number(words.next(), "broker id")?,
                 delay_ms: number(words.next(), "delay in ms")?,
             },
+            "freeze-connections" => Fault::FreezeConnections(
+                match words.next().ok_or("missing direction (up, down, both)")? {
+                    "up" => Direction::Upstream,
+                    "down" => Direction::Downstream,
+                    "both" => Direction::Both,
+                    other => {
+                        return Err(format!(
+                            "unknown direction {other:?}; one of: up, down, both"
+                        ));
+                    }
+                },
+            ),
+            "thaw" => Fault::Thaw,
+            "freeze-new" => Fault::FreezeNew(switch(words.next())?),
+            "refuse-connections" => Fault::RefuseConnections(switch(words.next())?),
+            "reset-connections" => Fault::ResetConnections,
+            "latency" => Fault::Latency(number(words.next(), "delay in ms")?),
             other => return Err(format!("unknown command {other:?}")),
         };
         match words.next() {
@@ -181,9 +230,40 @@ impl Fault {
             Fault::RoundTrip { broker, delay_ms } => {
                 cluster.broker_round_trip_time(*broker, Duration::from_millis(*delay_ms))
             }
+            Fault::FreezeConnections(direction) => {
+                return each_proxy(broker, |proxy| {
+                    proxy.freeze_open(*direction);
+                });
+            }
+            Fault::Thaw => return each_proxy(broker, FaultProxy::thaw),
+            Fault::FreezeNew(on) => return each_proxy(broker, |proxy| proxy.freeze_new(*on)),
+            Fault::RefuseConnections(on) => {
+                return each_proxy(broker, |proxy| proxy.refuse_new(*on));
+            }
+            Fault::ResetConnections => {
+                return each_proxy(broker, |proxy| {
+                    proxy.reset_all();
+                });
+            }
+            Fault::Latency(ms) => {
+                return each_proxy(broker, |proxy| {
+                    proxy.set_latency(Direction::Both, Duration::from_millis(*ms))
+                });
+            }
         };
         result.map_err(|err| err.to_string())
     }
+}
+
+/// Applies `change` to every broker's proxy; an error when the brokers run without proxies.
+fn each_proxy(broker: &EmbeddedBroker, change: impl Fn(&FaultProxy)) -> Result<(), String> {
+    if broker.proxies().is_empty() {
+        return Err(
+            "the brokers run without fault proxies (start dev-kafka with --proxied)".to_owned(),
+        );
+    }
+    broker.proxies().iter().for_each(change);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -225,5 +305,32 @@ mod tests {
         assert!(err("request-errors fetchh 1 transport").contains("one of: produce, fetch"));
         assert!(err("request-errors fetch 1 oops").contains("one of: transport"));
         assert!(err("broker-up 1 now").contains("unexpected"));
+        assert!(err("freeze-connections sideways").contains("one of: up, down, both"));
+        assert!(err("refuse-connections maybe").contains("on or off"));
+    }
+
+    #[test]
+    fn connection_faults_parse_and_need_the_proxies() {
+        assert_eq!(
+            "freeze-connections both".parse(),
+            Ok(Fault::FreezeConnections(Direction::Both))
+        );
+        assert_eq!("thaw".parse(), Ok(Fault::Thaw));
+        assert_eq!("freeze-new on".parse(), Ok(Fault::FreezeNew(true)));
+        assert_eq!(
+            "refuse-connections off".parse(),
+            Ok(Fault::RefuseConnections(false))
+        );
+        assert_eq!("reset-connections".parse(), Ok(Fault::ResetConnections));
+        assert_eq!("latency 200".parse(), Ok(Fault::Latency(200)));
+        let plain = EmbeddedBroker::start(1).unwrap();
+        assert!(Fault::Thaw.apply(&plain).unwrap_err().contains("--proxied"));
+        let proxied = EmbeddedBroker::start_proxied(2).unwrap();
+        assert_eq!(proxied.proxies().len(), 2);
+        assert!(
+            Fault::FreezeConnections(Direction::Both)
+                .apply(&proxied)
+                .is_ok()
+        );
     }
 }

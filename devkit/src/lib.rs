@@ -73,16 +73,27 @@ pub async fn dev_kafka(
     topic: &str,
     partitions: i32,
     brokers: i32,
+    proxied: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DevError> {
     use std::io::{BufRead, Write};
-    let broker = std::sync::Arc::new(broker::EmbeddedBroker::start(brokers)?);
+    let broker = if proxied {
+        broker::EmbeddedBroker::start_proxied(brokers)?
+    } else {
+        broker::EmbeddedBroker::start(brokers)?
+    };
+    let broker = std::sync::Arc::new(broker);
     broker.create_topic(topic, partitions)?;
     println!("bootstrap.servers={}", broker.bootstrap_servers());
     let _ = std::io::stdout().flush();
     eprintln!(
         "embedded Kafka broker ready: topic {topic} with {partitions} partitions on {brokers} \
-         broker(s); fault commands on stdin; Ctrl-C stops it"
+         broker(s){}; fault commands on stdin; Ctrl-C stops it",
+        if proxied {
+            ", each behind a fault proxy"
+        } else {
+            ""
+        }
     );
     let control = broker.clone();
     // A plain thread: reading stdin blocks, and the broker is safe to drive from any thread.

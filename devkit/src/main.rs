@@ -109,6 +109,10 @@ struct DevKafkaArgs {
     /// Brokers in the cluster.
     #[arg(long, default_value_t = 1)]
     brokers: i32,
+    /// Reach every broker through a fault proxy of its own, for the connection faults
+    /// (freeze-connections, thaw, freeze-new, refuse-connections, reset-connections, latency).
+    #[arg(long)]
+    proxied: bool,
 }
 
 fn main() -> ExitCode {
@@ -138,6 +142,7 @@ fn main() -> ExitCode {
                 &args.topic,
                 args.partitions,
                 args.brokers,
+                args.proxied,
                 history_service::app::shutdown_signal(),
             )
             .await?;

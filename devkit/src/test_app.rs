@@ -81,6 +81,8 @@ pub struct Options {
     /// A cluster outside the app (`history-dev dev-kafka`, an address where nothing listens):
     /// no embedded broker is started and no topic created.
     pub external_brokers: Option<String>,
+    /// Start the embedded broker behind a fault proxy ([`EmbeddedBroker::start_proxied`]).
+    pub broker_proxied: bool,
     create_topic: bool,
 }
 
@@ -129,6 +131,7 @@ impl Default for Options {
             env: Vec::new(),
             database: None,
             broker: None,
+            broker_proxied: false,
             external_brokers: None,
             create_topic: true,
         }
@@ -172,8 +175,12 @@ impl TestApp {
                 (Some(broker), brokers)
             }
             (None, None) => {
-                let broker =
-                    Arc::new(EmbeddedBroker::start(1).expect("the embedded broker starts"));
+                let broker = if options.broker_proxied {
+                    EmbeddedBroker::start_proxied(1)
+                } else {
+                    EmbeddedBroker::start(1)
+                };
+                let broker = Arc::new(broker.expect("the embedded broker starts"));
                 let brokers = broker.bootstrap_servers();
                 (Some(broker), brokers)
             }

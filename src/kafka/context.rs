@@ -344,6 +344,7 @@ impl SupervisorContext {
         }
         info!(
             partitions = ?names(&partitions),
+            epochs = ?epochs(&partitions),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "revoke handled: partitions released"
         );

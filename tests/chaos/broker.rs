@@ -1,5 +1,5 @@
-//! The broker of a run: `history-dev dev-kafka` (three brokers) as a child process, faults
-//! injected through its standard input.
+//! The broker of a run: `history-dev dev-kafka` (three brokers, each behind a fault proxy of
+//! its own) as a child process, faults injected through its standard input.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -25,6 +25,7 @@ impl DevKafka {
                 "3",
                 "--partitions",
                 &PARTITIONS.to_string(),
+                "--proxied",
             ])
             .stdin_piped()
             .stdout_piped()

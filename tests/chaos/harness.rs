@@ -55,6 +55,10 @@ pub struct Figures {
     pub unseen: usize,
     /// Commits that moved a partition's committed position backwards.
     pub regressions: usize,
+    /// Backward commits made while the broker had assigned the partition to two instances at
+    /// once (each committing within an assignment its own log held): the broker's doing,
+    /// reported apart ([`crate::checker::CheckerReport::double_assigned`]).
+    pub double_assigned: Vec<String>,
     /// The longest time any partition's committed position stood still while records were
     /// produced to it.
     pub longest_stall: Duration,
@@ -83,7 +87,8 @@ impl Figures {
              kills {}  starts {}  postgres restarts {}  backend terminations {}  broker faults {}\n  \
              freezes {}  rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})\n  \
              lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
-             violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n",
+             violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
+             backward commits while the broker had a partition assigned twice {}{}\n",
             elapsed.as_secs_f64(),
             self.records,
             self.distinct_events,
@@ -109,6 +114,11 @@ impl Figures {
             self.longest_stall.as_secs_f64(),
             self.applied_outcomes,
             self.already_applied_outcomes,
+            self.double_assigned.len(),
+            self.double_assigned
+                .iter()
+                .map(|line| format!("\n    {line}"))
+                .collect::<String>(),
         )
     }
 }
@@ -202,6 +212,7 @@ impl Chaos {
                 commits,
                 rebalances: Arc::new(AtomicUsize::new(0)),
                 assignments_lost: Arc::new(AtomicUsize::new(0)),
+                owned: Arc::new(Mutex::new(Vec::new())),
             },
             commit_feed: Some(commit_feed),
             figures: Figures::default(),
@@ -347,6 +358,7 @@ impl Chaos {
             self.database_url.clone(),
             records.clone(),
             delivered.clone(),
+            self.feed.owned.clone(),
         );
 
         for (when, action) in plan {
@@ -395,6 +407,7 @@ impl Chaos {
         self.figures.commits_checked = checked.checked;
         self.figures.commits_covered = checked.covered;
         self.figures.regressions = checked.regressions;
+        self.figures.double_assigned = checked.double_assigned;
         self.figures.longest_stall = checked.longest_stall;
         self.figures.violations.extend(checked.violations);
         self.figures.rebalances = self.feed.rebalances.load(Ordering::Relaxed);

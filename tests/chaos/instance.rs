@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use history_devkit::process::{Process, StillRunning, local_listener};
 
-use crate::checker::CommitSeen;
+use crate::checker::{CommitSeen, Owned};
 use crate::schedule::{GROUP, MAX_PAYLOAD, TOPIC};
 
 /// The consumer-group protocol the instances speak (`kafka.group_protocol`).
@@ -50,31 +50,91 @@ pub struct LogFeed {
     pub commits: Sender<CommitSeen>,
     pub rebalances: Arc<AtomicUsize>,
     pub assignments_lost: Arc<AtomicUsize>,
+    /// Every assignment each instance's log reports, from its start to its end.
+    pub owned: Arc<std::sync::Mutex<Vec<Owned>>>,
+}
+
+/// The partition numbers and epochs of a rebalance line (`partitions=["t[4]", …]`,
+/// `epochs=[3, …]`, in the same order).
+fn assignments_of(entry: &serde_json::Value) -> Vec<(i32, u64)> {
+    let partitions = entry["partitions"]
+        .as_str()
+        .unwrap_or_default()
+        .split('[')
+        .filter_map(|rest| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .ok()
+        });
+    let epochs = entry["epochs"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .filter_map(|epoch| epoch.trim().parse().ok());
+    partitions.zip(epochs).collect()
 }
 
 impl LogFeed {
+    /// Ends instance `n`'s assignments that a released or lost line names.
+    fn release(&self, n: usize, entry: &serde_json::Value, at: chrono::DateTime<chrono::Utc>) {
+        let ended = assignments_of(entry);
+        for assignment in self.owned.lock().unwrap().iter_mut() {
+            if assignment.0 == n
+                && assignment.4.is_none()
+                && ended.contains(&(assignment.1, assignment.2))
+            {
+                assignment.4 = Some(at);
+            }
+        }
+    }
+
     /// One line of instance `n`'s log.
     fn read(&self, n: usize, line: &str) {
         let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
             return;
         };
+        let at = || {
+            entry["timestamp"]
+                .as_str()
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .expect("log lines carry an RFC 3339 timestamp")
+                .to_utc()
+        };
         match entry["message"].as_str() {
             Some("offset committed") => {
                 let partition = entry["partition"].as_i64().unwrap() as i32;
                 let offset = entry["offset"].as_i64().unwrap();
-                let at = entry["timestamp"]
-                    .as_str()
-                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                    .expect("log lines carry an RFC 3339 timestamp")
-                    .to_utc();
-                let _ = self.commits.send((n, partition, offset, at));
+                let epoch = entry["epoch"].as_u64().unwrap_or_default();
+                let _ = self.commits.send((n, partition, offset, at(), epoch));
             }
-            Some("partitions assigned") | Some("partitions revoked") => {
+            Some("partitions assigned") => {
+                self.rebalances.fetch_add(1, Ordering::Relaxed);
+                let mut owned = self.owned.lock().unwrap();
+                let at = at();
+                for (partition, epoch) in assignments_of(&entry) {
+                    owned.push((n, partition, epoch, at, None));
+                }
+            }
+            Some("partitions revoked") => {
                 self.rebalances.fetch_add(1, Ordering::Relaxed);
             }
+            Some("revoke handled: partitions released") => self.release(n, &entry, at()),
             Some("assignment lost: nothing is committed") => {
                 self.rebalances.fetch_add(1, Ordering::Relaxed);
                 self.assignments_lost.fetch_add(1, Ordering::Relaxed);
+                self.release(n, &entry, at());
+            }
+            // A restarted instance holds nothing of its earlier life.
+            Some("history-service starting") => {
+                let at = at();
+                for assignment in self.owned.lock().unwrap().iter_mut() {
+                    if assignment.0 == n && assignment.4.is_none() {
+                        assignment.4 = Some(at);
+                    }
+                }
             }
             _ => {}
         }

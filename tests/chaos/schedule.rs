@@ -63,8 +63,9 @@ pub enum Action {
 
 /// A seeded schedule of frozen members: `freezes` times one of `instances` is stopped (SIGSTOP)
 /// for 1 to 3 session timeouts — or, one time in four, for less than one — then continued;
-/// meanwhile the broker refuses some offset commits and fetches and, for a while, answers 200 ms
-/// late.
+/// meanwhile the broker refuses some offset commits and fetches, for a while answers 200 ms
+/// late, and twice has every connection to it frozen for 2 s (through `dev-kafka`'s proxies:
+/// nothing forwarded, the sockets open).
 pub fn frozen_members(
     seed: u64,
     duration: Duration,
@@ -96,6 +97,14 @@ pub fn frozen_members(
         plan.push((
             at(0.05, 0.8),
             Action::Broker(format!("request-errors {api} 2 {error}")),
+        ));
+    }
+    for _ in 0..2 {
+        let frozen_at = at(0.1, 0.8);
+        plan.push((frozen_at, Action::Broker("freeze-connections both".into())));
+        plan.push((
+            frozen_at + Duration::from_secs(2),
+            Action::Broker("thaw".into()),
         ));
     }
     let slow_from = at(0.2, 0.6);
