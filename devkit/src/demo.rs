@@ -31,6 +31,8 @@ pub struct DemoOptions {
 /// What the demo saw, for its report and for tests.
 #[derive(Debug, Clone)]
 pub struct DemoReport {
+    /// The topic of this run (the configured name, suffixed with the run).
+    pub topic: String,
     pub produced: usize,
     pub expected_events: usize,
     pub expected_duplicates: usize,
@@ -45,6 +47,15 @@ pub struct DemoReport {
 }
 
 pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoReport, DevError> {
+    // The broker is new each run, its offsets start at 0 again, and the database may be the
+    // configured one, kept across runs: a topic named for this run keeps this run's dead
+    // letters from landing on the coordinates (topic, partition, offset) of an earlier run's,
+    // where they would be conflicts, not new letters.
+    let run_id = chrono::Utc::now().format("%Y%m%d%H%M%S").to_string();
+    let options = &DemoOptions {
+        topic: format!("{}.demo-{run_id}", options.topic),
+        ..options.clone()
+    };
     let broker = EmbeddedBroker::start(1)?;
     broker.create_topic(&options.topic, options.partitions)?;
     let brokers = broker.bootstrap_servers();
@@ -81,7 +92,6 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
     settings.http.listen = "127.0.0.1:0".to_owned();
 
     // The seed scenario first, then a generated stream whose ids are unique to this run.
-    let run_id = chrono::Utc::now().format("%Y%m%d%H%M%S").to_string();
     let mut records = workload::seed_records();
     records.extend(workload::generate(&WorkloadSpec {
         records: options.records,
@@ -161,6 +171,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
         .get(0);
     drop(database);
     Ok(DemoReport {
+        topic: options.topic.clone(),
         produced: produced.len(),
         expected_events,
         expected_duplicates,
@@ -216,7 +227,8 @@ fn progress(stats: &Stats, total: usize) {
 
 impl DemoReport {
     /// The report printed at the end of the demo.
-    pub fn render(&self, topic: &str) -> String {
+    pub fn render(&self) -> String {
+        let topic = &self.topic;
         let s = &self.stats;
         let mut out = String::new();
         let rate = self.produced as f64 / self.elapsed.as_secs_f64().max(1e-9);

@@ -169,7 +169,7 @@ async fn run_demo(settings: &Settings, args: &DemoArgs) -> anyhow::Result<ExitCo
     let report = history_devkit::demo::run(settings, &options)
         .await
         .context("demo failed")?;
-    print!("{}", report.render(&options.topic));
+    print!("{}", report.render());
     if report.is_correct() {
         println!("OK: every event recorded once, every poison record kept, every offset committed");
         Ok(ExitCode::SUCCESS)

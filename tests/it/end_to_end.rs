@@ -170,25 +170,43 @@ async fn run_against_dev_kafka_consumes_what_kcat_produced_and_stops_cleanly_on_
     assert_eq!(status.code(), Some(0));
 }
 
+/// The demo on a fresh database, then again on the same one: each run's own poison records are
+/// all stored as dead letters of that run, although the embedded broker starts anew (its offsets
+/// from 0 again) and the database keeps the earlier run's letters. With a fifth of the records
+/// poison, two runs on one topic name would surely put letters on the same coordinates (once,
+/// about one run in twenty reported FAILED so).
 #[test]
-fn the_demo_runs_on_a_fresh_database_and_reports_success() {
+fn the_demo_runs_on_a_fresh_database_and_again_on_the_same_one_and_reports_success() {
     let runtime = actix_rt::System::new();
     let db = runtime.block_on(TestDb::create());
-    let output = std::process::Command::new(history_devkit::workspace_binary("history-dev"))
-        .args(["demo", "--events", "3000", "--partitions", "2"])
-        .env("HISTORY__DATABASE__URL", db.url())
-        .env("HISTORY__HTTP__LISTEN", "127.0.0.1:0")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("OK: every event recorded once"), "{stdout}");
-    assert!(stdout.contains("applied"), "{stdout}");
-    assert!(stdout.contains("committed"), "{stdout}");
+    for run in ["first", "second"] {
+        let output = std::process::Command::new(history_devkit::workspace_binary("history-dev"))
+            .args([
+                "demo",
+                "--events",
+                "3000",
+                "--partitions",
+                "2",
+                "--poison",
+                "0.2",
+            ])
+            .env("HISTORY__DATABASE__URL", db.url())
+            .env("HISTORY__HTTP__LISTEN", "127.0.0.1:0")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{run} run: {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            stdout.contains("OK: every event recorded once"),
+            "{run} run: {stdout}"
+        );
+        assert!(stdout.contains("applied"), "{stdout}");
+        assert!(stdout.contains("committed"), "{stdout}");
+    }
 }
 
 #[test]
