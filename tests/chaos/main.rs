@@ -95,8 +95,10 @@ fn kills_database_restarts_and_broker_faults_lose_nothing_and_double_nothing() {
 /// the others and come back: nothing lost, nothing applied twice (the instances' own count of
 /// `Applied` outcomes), nothing unseen, no position moving backwards.
 #[test]
-#[ignore = "failed 1 of 7 short runs for a cause not yet found (the output was lost); run by \
-            scripts/chaos.sh, whose 20-minute run passed"]
+#[ignore = "librdkafka's mock KIP-848 group sometimes assigns a partition to a member that \
+            rejoined after being fenced while its owner still holds it (2 of 18 short runs): both \
+            commit, the group's position can be left below the end, and the run fails; run by \
+            scripts/chaos.sh"]
 fn frozen_members_and_a_slow_broker_lose_nothing_and_apply_nothing_twice() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let scale = Scale::from_env();

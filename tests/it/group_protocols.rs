@@ -270,11 +270,11 @@ async fn static_restart(protocol: &str) {
     );
 }
 
-/// Classic only: under `consumer` the broker assigns the new topic's partitions, and Kafka 4's
-/// coordinator does so when its metadata changes, but librdkafka 2.12's mock group recomputes
-/// its target assignment only when a member joins, leaves or changes its subscription
-/// (`rd_kafka_mock_cgrp_consumer_target_assignment_recalculate` in rdkafka_mock_cgrp.c): run
-/// there, the topic is seen (the gauge drops to 0) and never assigned. The mock cannot add
+/// Under `consumer` the broker assigns the new topic's partitions, and Kafka 4's coordinator
+/// does so when its metadata changes, but librdkafka 2.12's mock group recomputes its target
+/// assignment only when a member joins, leaves or changes its subscription
+/// (`rd_kafka_mock_cgrp_consumer_target_assignment_recalculate` in rdkafka_mock_cgrp.c): the
+/// test of that protocol (below) has a member join to make it. The mock cannot add
 /// partitions to a live topic either (no CreatePartitions, no control for it), so partitions
 /// added later are not tested here; the client finds them by the same metadata refresh.
 #[actix_rt::test]
@@ -353,4 +353,73 @@ async fn topic_created_later(protocol: &str) {
         "{protocol}: a topic created after start-up was consumed {consumed_after:?} later \
          (bound {bound:?})"
     );
+}
+
+/// Under `consumer` the broker assigns a topic that appears later: the member finds it in its
+/// metadata within `kafka.metadata_refresh_ms` (`history_topic_missing` back to 0, `/readyz`
+/// ready), and consumes it once the coordinator assigns it. Kafka 4's coordinator does so when
+/// the topic's metadata changes; librdkafka's mock recomputes its target assignment only when a
+/// member joins, leaves or changes its subscription — so here a second member joins (of the same
+/// subscription) to make it, and every record of the new topic is recorded once and committed.
+#[actix_rt::test]
+async fn a_topic_created_after_start_up_is_seen_then_consumed_once_assigned_under_consumer() {
+    let later = format!("tickets.status.later-{:08x}", rand::random::<u32>());
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.protocol("consumer");
+        o.env(
+            "HISTORY__KAFKA__METADATA_REFRESH_MS",
+            REFRESH_MS.to_string(),
+        );
+    })
+    .await;
+    let topics = format!("{},{later}", app.topic);
+    app.set_env("HISTORY__KAFKA__TOPICS", &topics);
+    let existing = events(300, "now-consumer", app.partitions, 42);
+    let mut distinct = distinct_events(&existing) as i64;
+    app.produce(&existing).await;
+    app.start();
+    app.wait_committed(Duration::from_secs(30)).await;
+    let series = format!("history_topic_missing{{topic=\"{later}\"}}");
+    app.wait_for_metrics(Duration::from_secs(30), |m| m.get(&series) == Some(1.0))
+        .await;
+
+    let partitions = 3;
+    app.broker()
+        .create_topic(&later, partitions)
+        .expect("the topic is created");
+    let records = events(600, "later-consumer", partitions, 43);
+    distinct += distinct_events(&records) as i64;
+    let (brokers, topic) = (app.brokers.clone(), later.clone());
+    tokio::task::spawn_blocking(move || workload::produce(&brokers, &topic, &records))
+        .await
+        .unwrap()
+        .expect("the records are produced");
+    let bound = Duration::from_millis(REFRESH_MS) + Duration::from_secs(5);
+    app.wait_for_metrics(bound, |m| m.get(&series) == Some(0.0))
+        .await;
+    app.wait_for_answer("/readyz", Duration::from_secs(10), |status, _| {
+        status == 200
+    })
+    .await;
+
+    // The mock's coordinator assigns the new topic at the next membership change.
+    let mut second = TestApp::spawn(|o| {
+        o.share(&app);
+        o.env("HISTORY__KAFKA__TOPICS", &topics);
+    })
+    .await;
+    app.wait_rows(distinct, Duration::from_secs(60)).await;
+    let inspector = Arc::new(GroupInspector::new(&app.brokers, &app.group).unwrap());
+    let ends = inspector
+        .ends(&later, partitions, Duration::from_secs(5))
+        .unwrap();
+    if let Err(err) =
+        group::wait_committed(inspector, &later, &ends, Duration::from_secs(30), || {}).await
+    {
+        panic!("{err}\n{}\n{}", app.logs(), second.logs());
+    }
+    assert_eq!(app.db.count("history_events").await, distinct);
+    assert_eq!(second.stop(), Some(0), "{}", second.logs());
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
