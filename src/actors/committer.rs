@@ -233,7 +233,7 @@ impl OffsetCommitter {
         self.windows_in(scope).map(|w| w.window.unresolved()).sum()
     }
 
-    /// Unresolved records in `scope` that a revoke or a drain waits for (not the parked ones).
+    /// Unresolved records in `scope` that a revoke or a drain waits for (not those set aside).
     fn awaited(&self, scope: &Scope) -> usize {
         self.windows_in(scope).map(PartitionWindow::awaited).sum()
     }

@@ -311,8 +311,9 @@ impl SupervisorContext {
         let budget = RevokeBudget::new(started, self.revoke_timeout);
         let (early, early_answer) = std::sync::mpsc::sync_channel(1);
         let (reply, answer) = std::sync::mpsc::sync_channel(1);
-        // Never lost to a full mailbox: the committer's mailbox bound applies to `send`, and
-        // waiting for room here would stall every partition; a revoke is rare and small.
+        // Never lost to a full mailbox: a bounded send (`try_send`) parks its sender on a full
+        // one and refuses the next message, and waiting for room here would stall every
+        // partition; a revoke is rare and small.
         self.committer.revoke.do_send(Revoke {
             partitions: partitions.clone(),
             deadline: budget.records,
