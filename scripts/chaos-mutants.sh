@@ -35,7 +35,11 @@ for patch in scripts/mutants/*.patch; do
   if [ -n "$test_args" ]; then
     # shellcheck disable=SC2086 # the header holds several arguments
     if (cd "$work" && cargo build --workspace --bins && cargo test $test_args -- --nocapture) >"$log" 2>&1; then
-      echo "   SURVIVED: $test_args passed with this rule broken"
+      if grep -q "^running 0 tests" "$log" && ! grep -q "^running [1-9]" "$log"; then
+        echo "   RAN NOTHING: $test_args names no test that runs (an ignored one?)"
+      else
+        echo "   SURVIVED: $test_args passed with this rule broken"
+      fi
       survivors=$((survivors + 1))
     elif grep -qF "$caught" "$log"; then
       echo "   caught: $(grep -m1 -F "$caught" "$log" | cut -c1-160)"
