@@ -44,16 +44,25 @@ impl Handler<Lost> for NothingInFlight {
 
 type GuardedConsumer = StreamConsumer<SupervisorContext>;
 
-/// A consumer with the service's callbacks, subscribed to a one-partition topic of its own.
-fn consumer(broker: &EmbeddedBroker, topic: &str, group: &str) -> Arc<GuardedConsumer> {
+/// A consumer with the service's callbacks, subscribed to a one-partition topic of its own,
+/// whose revokes and losses go to `committer`, a revoke bounded by `revoke_timeout`.
+fn consumer_of<A>(
+    broker: &EmbeddedBroker,
+    topic: &str,
+    group: &str,
+    committer: Addr<A>,
+    revoke_timeout: Duration,
+) -> Arc<GuardedConsumer>
+where
+    A: Actor<Context = Context<A>> + Handler<Revoke> + Handler<Lost>,
+{
     broker.create_topic(topic, 1).unwrap();
-    let committer = NothingInFlight.start();
     let context = SupervisorContext::new(
         CommitterLink {
             revoke: committer.clone().recipient(),
             lost: committer.recipient(),
         },
-        Duration::from_secs(5),
+        revoke_timeout,
         Arc::new(Stats::default()),
         Arc::new(AtomicBool::new(false)),
     );
@@ -68,6 +77,17 @@ fn consumer(broker: &EmbeddedBroker, topic: &str, group: &str) -> Arc<GuardedCon
         .unwrap();
     consumer.subscribe(&[topic]).unwrap();
     Arc::new(consumer)
+}
+
+/// [`consumer_of`] with a committer that finds nothing in flight.
+fn consumer(broker: &EmbeddedBroker, topic: &str, group: &str) -> Arc<GuardedConsumer> {
+    consumer_of(
+        broker,
+        topic,
+        group,
+        NothingInFlight.start(),
+        Duration::from_secs(5),
+    )
 }
 
 /// Polls the consumer (which serves its rebalance callbacks) until one assigns the partition;
@@ -238,31 +258,13 @@ impl Handler<Lost> for Busy {
 async fn a_revoke_is_not_lost_to_a_full_committer_mailbox() {
     let broker = EmbeddedBroker::start(1).unwrap();
     let (topic, group) = ("tickets.guard.mailbox", "guard-mailbox");
-    broker.create_topic(topic, 1).unwrap();
     let revokes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let arbiter = Arbiter::new();
     let busy = {
         let revokes = revokes.clone();
         Busy::start_in_arbiter(&arbiter.handle(), move |_| Busy { revokes })
     };
-    let context = SupervisorContext::new(
-        CommitterLink {
-            revoke: busy.clone().recipient(),
-            lost: busy.clone().recipient(),
-        },
-        Duration::from_secs(1),
-        Arc::new(Stats::default()),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let consumer: GuardedConsumer = ClientConfig::new()
-        .set("bootstrap.servers", broker.bootstrap_servers())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("session.timeout.ms", "6000")
-        .set("partition.assignment.strategy", "cooperative-sticky")
-        .create_with_context(context)
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let consumer = consumer_of(&broker, topic, group, busy.clone(), Duration::from_secs(1));
     let tp = TopicPartition::new(topic, 0);
     assigned(&consumer, &tp).await;
 
