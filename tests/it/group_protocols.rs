@@ -286,14 +286,21 @@ async fn a_topic_created_after_start_up_is_reported_missing_then_consumed_under_
 /// asserted is this plus a rebalance.
 const REFRESH_MS: u64 = 3000;
 
-/// The service consumes an existing topic and one that does not exist yet. The missing one is
-/// visible (`history_topic_missing` is 1, `/readyz` names it); created later, it is consumed
-/// within `kafka.metadata_refresh_ms` plus a rebalance, and the gauge and readiness come back.
-/// With the consumer already in its group for the other topic, nothing but the client's metadata
-/// refresh finds the new one (the topic watch's own metadata requests do not): tried with
-/// librdkafka's default of 5 minutes, 273 of 815 rows were in after the 8 s bound. (A consumer
-/// whose every topic is missing looks for them far more often, so that case proves nothing.)
-async fn topic_created_later(protocol: &str) {
+/// A service consuming an existing topic (drained and committed) and waiting for one that does
+/// not exist yet (`history_topic_missing` 1 for it).
+struct Waiting {
+    app: TestApp,
+    /// The topic to come.
+    later: String,
+    /// `kafka.topics`: both.
+    topics: String,
+    /// The distinct events produced so far.
+    distinct: i64,
+    /// The missing-topic gauge's series for `later`.
+    series: String,
+}
+
+async fn waiting_for_a_topic(protocol: &str, seed: u64) -> Waiting {
     let later = format!("tickets.status.later-{:08x}", rand::random::<u32>());
     let mut app = TestApp::prepare(|o| {
         o.partitions = 2;
@@ -306,14 +313,38 @@ async fn topic_created_later(protocol: &str) {
     .await;
     let topics = format!("{},{later}", app.topic);
     app.set_env("HISTORY__KAFKA__TOPICS", &topics);
-    let existing = events(300, &format!("now-{protocol}"), app.partitions, 40);
-    let mut distinct = distinct_events(&existing) as i64;
+    let existing = events(300, &format!("now-{protocol}"), app.partitions, seed);
+    let distinct = distinct_events(&existing) as i64;
     app.produce(&existing).await;
     app.start();
     app.wait_committed(Duration::from_secs(30)).await;
     let series = format!("history_topic_missing{{topic=\"{later}\"}}");
     app.wait_for_metrics(Duration::from_secs(30), |m| m.get(&series) == Some(1.0))
         .await;
+    Waiting {
+        app,
+        later,
+        topics,
+        distinct,
+        series,
+    }
+}
+
+/// The service consumes an existing topic and one that does not exist yet. The missing one is
+/// visible (`history_topic_missing` is 1, `/readyz` names it); created later, it is consumed
+/// within `kafka.metadata_refresh_ms` plus a rebalance, and the gauge and readiness come back.
+/// With the consumer already in its group for the other topic, nothing but the client's metadata
+/// refresh finds the new one (the topic watch's own metadata requests do not): tried with
+/// librdkafka's default of 5 minutes, 273 of 815 rows were in after the 8 s bound. (A consumer
+/// whose every topic is missing looks for them far more often, so that case proves nothing.)
+async fn topic_created_later(protocol: &str) {
+    let Waiting {
+        mut app,
+        later,
+        topics: _,
+        mut distinct,
+        series,
+    } = waiting_for_a_topic(protocol, 40).await;
     let (status, body) = app.get("/readyz").await;
     assert_eq!(status, 503, "{body}");
     assert!(body.contains(&later), "/readyz names the topic: {body}");
@@ -363,26 +394,13 @@ async fn topic_created_later(protocol: &str) {
 /// subscription) to make it, and every record of the new topic is recorded once and committed.
 #[actix_rt::test]
 async fn a_topic_created_after_start_up_is_seen_then_consumed_once_assigned_under_consumer() {
-    let later = format!("tickets.status.later-{:08x}", rand::random::<u32>());
-    let mut app = TestApp::prepare(|o| {
-        o.partitions = 2;
-        o.protocol("consumer");
-        o.env(
-            "HISTORY__KAFKA__METADATA_REFRESH_MS",
-            REFRESH_MS.to_string(),
-        );
-    })
-    .await;
-    let topics = format!("{},{later}", app.topic);
-    app.set_env("HISTORY__KAFKA__TOPICS", &topics);
-    let existing = events(300, "now-consumer", app.partitions, 42);
-    let mut distinct = distinct_events(&existing) as i64;
-    app.produce(&existing).await;
-    app.start();
-    app.wait_committed(Duration::from_secs(30)).await;
-    let series = format!("history_topic_missing{{topic=\"{later}\"}}");
-    app.wait_for_metrics(Duration::from_secs(30), |m| m.get(&series) == Some(1.0))
-        .await;
+    let Waiting {
+        mut app,
+        later,
+        topics,
+        mut distinct,
+        series,
+    } = waiting_for_a_topic("consumer", 42).await;
 
     let partitions = 3;
     app.broker()

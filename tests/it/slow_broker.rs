@@ -11,14 +11,15 @@ use history_devkit::workload::{self, WorkloadSpec};
 
 const RECORDS: usize = 12_000;
 
-#[actix_rt::test]
-async fn a_broker_answering_late_costs_no_record_and_redoes_none() {
-    let mut app = TestApp::prepare(|o| {
+/// A service about to drain a backlog of `RECORDS` unique events on 3 partitions, produced,
+/// not started: writes slowed to about 3,000 events/s so that faults land mid-drain, and the
+/// default session timeout (with the tests' 3 s, answers 2 s late leave a heartbeat a second of
+/// slack, which a loaded machine can eat: the assignment was lost once).
+async fn slow_drain(prefix: &str, seed: u64, broker_proxied: bool) -> TestApp {
+    let app = TestApp::prepare(|o| {
         o.partitions = 3;
-        // Writes slowed to about 2,000 events/s, so the faults land mid-drain.
+        o.broker_proxied = broker_proxied;
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
-        // The default session timeout: with the tests' 3 s, answers 2 s late leave a heartbeat
-        // a second of slack, which a loaded machine can eat (the assignment was lost once).
         o.env("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "10000");
     })
     .await;
@@ -28,12 +29,18 @@ async fn a_broker_answering_late_costs_no_record_and_redoes_none() {
         duplicates: 0.0,
         poison: 0.0,
         partitions: 3,
-        id_prefix: "slow-broker".into(),
+        id_prefix: prefix.into(),
         tickets: 500,
         max_payload_bytes: 65536,
-        seed: 5,
+        seed,
     });
     app.produce(&records).await;
+    app
+}
+
+#[actix_rt::test]
+async fn a_broker_answering_late_costs_no_record_and_redoes_none() {
+    let mut app = slow_drain("slow-broker", 5, false).await;
     app.start();
     let rtt = |delay: Duration| {
         app.broker()
@@ -87,25 +94,7 @@ async fn a_broker_answering_late_costs_no_record_and_redoes_none() {
 /// partition, and with no partition moved nothing is read twice.
 #[actix_rt::test]
 async fn two_seconds_of_frozen_broker_connections_cost_no_record_and_redo_none() {
-    let mut app = TestApp::prepare(|o| {
-        o.partitions = 3;
-        o.broker_proxied = true;
-        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
-        o.env("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "10000");
-    })
-    .await;
-    app.db.slow_each_write(0.05).await;
-    let records = workload::generate(&WorkloadSpec {
-        records: RECORDS,
-        duplicates: 0.0,
-        poison: 0.0,
-        partitions: 3,
-        id_prefix: "frozen-broker".into(),
-        tickets: 500,
-        max_payload_bytes: 65536,
-        seed: 6,
-    });
-    app.produce(&records).await;
+    let mut app = slow_drain("frozen-broker", 6, true).await;
     app.start();
     app.wait_rows(RECORDS as i64 / 3, Duration::from_secs(60))
         .await;
