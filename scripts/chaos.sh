@@ -16,6 +16,6 @@ rm -rf "$HISTORY_CHAOS_REPORT_DIR"
 # Both binaries in release first: the run drives `history-dev dev-kafka` as its broker, and
 # `cargo test` builds only this package's binaries (a stale history-dev would go unnoticed).
 cargo build --release --locked --workspace --bins
-cargo test --release --locked --test chaos -- --nocapture --test-threads=1 --include-ignored
+cargo test --release --locked --test chaos -- --nocapture --test-threads=1
 echo
 cat "$HISTORY_CHAOS_REPORT_DIR"/*.txt

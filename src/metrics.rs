@@ -189,6 +189,7 @@ pub fn register_families() {
     }
     for reason in [
         CommitReason::Periodic,
+        CommitReason::Reassert,
         CommitReason::Revoke,
         CommitReason::Shutdown,
     ] {

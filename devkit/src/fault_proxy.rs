@@ -1,6 +1,8 @@
 //! A TCP proxy with faults, for putting a network between the service and what it talks to
-//! (PostgreSQL, in the tests of `tests/it/db_faults.rs`): it listens on `127.0.0.1`, port 0,
-//! forwards every connection to one target address, and on command
+//! (PostgreSQL, in the tests of `tests/it/db_faults.rs` and in the chaos run; the mock broker's
+//! listeners): it listens on `127.0.0.1`, port 0, forwards every connection to one target — a
+//! TCP address, or a Unix socket such as a PostgreSQL cluster's that listens on nothing else
+//! — and on command
 //!
 //! - adds latency to each chunk it forwards, per direction;
 //! - **freezes every open connection** — forwards nothing more either way (or one way) while
@@ -14,12 +16,13 @@
 //! stops, closing every socket, when dropped.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::{Notify, oneshot};
 
 /// Which way bytes flow through a connection.
@@ -53,9 +56,23 @@ pub struct FaultProxy {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Where the proxy forwards each connection.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Tcp(SocketAddr),
+    /// A Unix socket's path (PostgreSQL's is `<dir>/.s.PGSQL.<port>`).
+    Unix(PathBuf),
+}
+
+impl From<SocketAddr> for Target {
+    fn from(addr: SocketAddr) -> Self {
+        Target::Tcp(addr)
+    }
+}
+
 /// What the controls change and the connections read.
 struct Shared {
-    target: SocketAddr,
+    target: Target,
     /// Added latency per direction, in microseconds.
     latency_us: [AtomicU64; 2],
     refuse: AtomicBool,
@@ -105,7 +122,8 @@ impl Connection {
 
 impl FaultProxy {
     /// A proxy on `127.0.0.1`, port 0, forwarding to `target`.
-    pub fn start(target: SocketAddr) -> std::io::Result<FaultProxy> {
+    pub fn start(target: impl Into<Target>) -> std::io::Result<FaultProxy> {
+        let target = target.into();
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -273,27 +291,52 @@ fn reset_on_close(stream: &TcpStream) {
 /// Forwards one connection both ways until both ends closed it, or until it is reset.
 async fn serve(mut client: TcpStream, connection: Arc<Connection>, shared: Arc<Shared>) {
     let _ = client.set_nodelay(true);
-    let mut target = match TcpStream::connect(shared.target).await {
-        Ok(target) => target,
-        Err(_) => {
-            reset_on_close(&client);
-            return;
-        }
-    };
-    let _ = target.set_nodelay(true);
-    let reset = {
-        let (client_read, client_write) = client.split();
-        let (target_read, target_write) = target.split();
-        let up = pump(client_read, target_write, UP, &connection, &shared);
-        let down = pump(target_read, client_write, DOWN, &connection, &shared);
-        tokio::select! {
-            _ = futures::future::join(up, down) => connection.reset.load(Ordering::Acquire),
-            _ = connection.reset_requested() => true,
-        }
-    };
-    if reset {
-        reset_on_close(&client);
-        reset_on_close(&target);
+    match &shared.target {
+        Target::Tcp(addr) => match TcpStream::connect(addr).await {
+            Ok(mut target) => {
+                let _ = target.set_nodelay(true);
+                let (client_read, client_write) = client.split();
+                let (target_read, target_write) = target.split();
+                let ends = (client_read, client_write, target_read, target_write);
+                if forward(ends, &connection, &shared).await {
+                    reset_on_close(&target);
+                    reset_on_close(&client);
+                }
+            }
+            Err(_) => reset_on_close(&client),
+        },
+        // A Unix socket has no RST: its end of a reset connection is simply closed.
+        Target::Unix(path) => match UnixStream::connect(path).await {
+            Ok(mut target) => {
+                let (client_read, client_write) = client.split();
+                let (target_read, target_write) = target.split();
+                let ends = (client_read, client_write, target_read, target_write);
+                if forward(ends, &connection, &shared).await {
+                    reset_on_close(&client);
+                }
+            }
+            Err(_) => reset_on_close(&client),
+        },
+    }
+}
+
+/// Pumps both ways until both ends closed the connection (`false`) or it is to be reset
+/// (`true`).
+async fn forward(
+    (client_read, client_write, target_read, target_write): (
+        impl AsyncRead + Unpin,
+        impl AsyncWrite + Unpin,
+        impl AsyncRead + Unpin,
+        impl AsyncWrite + Unpin,
+    ),
+    connection: &Connection,
+    shared: &Shared,
+) -> bool {
+    let up = pump(client_read, target_write, UP, connection, shared);
+    let down = pump(target_read, client_write, DOWN, connection, shared);
+    tokio::select! {
+        _ = futures::future::join(up, down) => connection.reset.load(Ordering::Acquire),
+        _ = connection.reset_requested() => true,
     }
 }
 
@@ -362,6 +405,34 @@ mod tests {
     /// How long a test waits for bytes that must not come: long enough for a local round trip
     /// to have happened many times over.
     const QUIET: Duration = Duration::from_millis(300);
+
+    #[tokio::test]
+    async fn a_unix_socket_target_is_forwarded_to_and_frozen_like_a_tcp_one() {
+        let path = std::env::temp_dir().join(format!("fault-proxy-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut read, mut write) = stream.split();
+                    let _ = tokio::io::copy(&mut read, &mut write).await;
+                });
+            }
+        });
+        let proxy = FaultProxy::start(Target::Unix(path.clone())).unwrap();
+        let mut old = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut old, b"before").await.unwrap(), b"before");
+        assert_eq!(proxy.freeze_open(Direction::Both), 1);
+        let held = tokio::time::timeout(QUIET, round_trip(&mut old, b"frozen")).await;
+        assert!(held.is_err(), "a frozen connection answered: {held:?}");
+        let mut new = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut new, b"new").await.unwrap(), b"new");
+        proxy.thaw();
+        let mut answer = vec![0u8; 6];
+        old.read_exact(&mut answer).await.unwrap();
+        assert_eq!(answer, b"frozen");
+        let _ = std::fs::remove_file(&path);
+    }
 
     #[tokio::test]
     async fn a_frozen_connection_forwards_nothing_until_thawed_while_new_ones_flow() {

@@ -113,6 +113,11 @@ impl ThrowawayCluster {
         format!("postgres://postgres@{host}:{}/{dbname}", self.port)
     }
 
+    /// The path of its Unix socket (`<dir>/.s.PGSQL.<port>`), for a proxy to forward to.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.join(format!(".s.PGSQL.{}", self.port))
+    }
+
     /// Restarts the server (a fast shutdown: sessions are cut, committed work is kept).
     pub fn restart(&self) -> Result<(), DevPostgresError> {
         let data = self.dir.join("data").display().to_string();

@@ -74,6 +74,15 @@ impl PartitionWindow {
         })
     }
 
+    /// The position this assignment holds, confirmed or not.
+    fn held(&self, tp: &TopicPartition) -> Option<CommitPosition> {
+        Some(CommitPosition {
+            tp: tp.clone(),
+            epoch: self.epoch,
+            offset: self.window.position()?,
+        })
+    }
+
     /// Records resolved but waiting behind an unresolved one.
     fn resolved_behind(&self) -> usize {
         self.window.len() - self.window.unresolved()
@@ -139,7 +148,14 @@ pub struct OffsetCommitter {
     last_commit: Instant,
     /// A commit brought forward by a partition that caught up is scheduled.
     catch_up_pending: bool,
+    /// Commit ticks since the confirmed positions were last re-asserted.
+    ticks_since_reassert: u32,
 }
+
+/// Every this many commit ticks the confirmed positions are committed again
+/// ([`CommitReason::Reassert`]): one commit per interval of this many ticks, and a lower
+/// position someone else committed for a partition we hold stands no longer than that.
+const REASSERT_EVERY_TICKS: u32 = 10;
 
 /// A partition that caught up (nothing left in its window) has its position committed at once
 /// rather than at the next tick — the end of a backlog is committed in milliseconds, not up to
@@ -163,6 +179,7 @@ impl OffsetCommitter {
             stale_outcomes: 0,
             last_commit: Instant::now(),
             catch_up_pending: false,
+            ticks_since_reassert: 0,
         }
     }
 
@@ -198,8 +215,29 @@ impl OffsetCommitter {
         positions
     }
 
+    /// The periodic commit; every [`REASSERT_EVERY_TICKS`] ticks, a re-assertion.
+    fn tick(&mut self) {
+        self.ticks_since_reassert += 1;
+        if self.ticks_since_reassert < REASSERT_EVERY_TICKS {
+            self.commit(CommitReason::Periodic);
+            return;
+        }
+        self.ticks_since_reassert = 0;
+        let mut positions: Vec<CommitPosition> = self
+            .windows
+            .iter()
+            .filter_map(|(tp, window)| window.held(tp))
+            .collect();
+        positions.sort_by(|a, b| a.tp.cmp(&b.tp));
+        self.send(positions, CommitReason::Reassert);
+    }
+
     fn commit(&mut self, reason: CommitReason) {
         let positions = self.unconfirmed_positions();
+        self.send(positions, reason);
+    }
+
+    fn send(&mut self, positions: Vec<CommitPosition>, reason: CommitReason) {
         if positions.is_empty() {
             return;
         }
@@ -385,9 +423,7 @@ impl Actor for OffsetCommitter {
     fn started(&mut self, ctx: &mut Context<Self>) {
         // Writers and partition actors report often; do not let them wait on a small mailbox.
         ctx.set_mailbox_capacity(1024);
-        ctx.run_interval(self.commit_interval, |committer, _| {
-            committer.commit(CommitReason::Periodic)
-        });
+        ctx.run_interval(self.commit_interval, |committer, _| committer.tick());
     }
 }
 

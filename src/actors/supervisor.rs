@@ -16,8 +16,8 @@ use tracing::{debug, info};
 
 use super::inflow::Inflow;
 use super::messages::{
-    CommitOffsets, CommitOutcome, CommitPosition, Drained, Epoch, Held, Record, Records,
-    StopPartition, TopicPartition,
+    CommitOffsets, CommitOutcome, CommitPosition, CommitReason, Drained, Epoch, Held, Record,
+    Records, StopPartition, TopicPartition,
 };
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
@@ -237,7 +237,7 @@ impl Handler<CommitOffsets> for KafkaSupervisor {
         // Positions of partitions revoked meanwhile are sorted out where commits are made, and
         // reported back to the committer as not committed.
         if let Some(commits) = &self.commits {
-            commits.commit(msg.positions, msg.reason.as_str());
+            commits.commit(msg.positions, msg.reason);
         }
     }
 }
@@ -289,7 +289,7 @@ impl Handler<CommitFinal> for KafkaSupervisor {
         MessageResult(consumer.context().commit_until(
             consumer,
             &msg.positions,
-            "shutdown",
+            CommitReason::Shutdown,
             msg.deadline,
         ))
     }

@@ -80,14 +80,26 @@ impl CommitOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitReason {
     Periodic,
+    /// Every position held, the confirmed ones sent again: see [`CommitReason::resends_confirmed`].
+    Reassert,
     Revoke,
     Shutdown,
 }
 
 impl CommitReason {
+    /// Whether a position the broker already confirmed is sent again. The group's position of a
+    /// partition is its owner's to keep; while we own one, a lower position committed by anyone
+    /// else (a broker that let a second member hold the partition for a while) would otherwise
+    /// stand until new records arrive — on an idle partition, for good. Re-asserting now and
+    /// then puts it back. It never sends a position behind the confirmed one.
+    pub fn resends_confirmed(self) -> bool {
+        self == CommitReason::Reassert
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             CommitReason::Periodic => "periodic",
+            CommitReason::Reassert => "reassert",
             CommitReason::Revoke => "revoke",
             CommitReason::Shutdown => "shutdown",
         }

@@ -12,7 +12,7 @@
 
 use parking_lot::Mutex;
 
-use crate::domain::{CommitPosition, Epoch, TopicPartition};
+use crate::domain::{CommitPosition, CommitReason, Epoch, TopicPartition};
 use crate::metrics;
 use crate::offsets::{CommitLedger, CommitPlan};
 
@@ -64,10 +64,15 @@ impl Assignments {
     pub fn plan_and_send<Q>(
         &self,
         positions: &[CommitPosition],
+        reason: CommitReason,
         send: impl FnOnce(&[CommitPosition]) -> Q,
     ) -> (CommitPlan, Option<Q>) {
         let ledger = self.ledger.lock();
-        let plan = ledger.plan(positions);
+        let plan = if reason.resends_confirmed() {
+            ledger.plan_reasserting(positions)
+        } else {
+            ledger.plan(positions)
+        };
         if plan.send.is_empty() {
             return (plan, None);
         }
@@ -93,6 +98,29 @@ mod tests {
         TopicPartition::new("t", partition)
     }
 
+    /// A confirmed position is queued again only by a re-assertion.
+    #[test]
+    fn only_a_reassertion_sends_a_confirmed_position_again() {
+        let assignments = Assignments::default();
+        let assigned = assignments.assign([tp(0)]);
+        let position = CommitPosition {
+            tp: tp(0),
+            epoch: assigned[0].1,
+            offset: 10,
+        };
+        assignments.confirm(std::slice::from_ref(&position));
+        let sent = |reason| {
+            let (_, queued) =
+                assignments.plan_and_send(std::slice::from_ref(&position), reason, |send| {
+                    send.to_vec()
+                });
+            queued.unwrap_or_default()
+        };
+        assert!(sent(CommitReason::Periodic).is_empty());
+        assert!(sent(CommitReason::Revoke).is_empty());
+        assert_eq!(sent(CommitReason::Reassert), vec![position.clone()]);
+    }
+
     /// A commit is checked and queued while an assignment ends on another thread: the end
     /// waits until the commit is queued, and a commit planned after it is not sent. (Break
     /// `forget`'s lock and this fails: the assignment ends while the commit is between its
@@ -116,24 +144,32 @@ mod tests {
                 forgotten.store(true, Ordering::SeqCst);
             })
         };
-        let (plan, queued) = assignments.plan_and_send(std::slice::from_ref(&position), |send| {
-            checked.send(()).unwrap();
-            // The revoke has had every chance to end the assignment: given the lock, it
-            // cannot have.
-            let until = Instant::now() + Duration::from_millis(300);
-            while Instant::now() < until {
-                if forgotten.load(Ordering::SeqCst) {
-                    return Err("the assignment ended while the commit was being queued");
+        let (plan, queued) = assignments.plan_and_send(
+            std::slice::from_ref(&position),
+            CommitReason::Periodic,
+            |send| {
+                checked.send(()).unwrap();
+                // The revoke has had every chance to end the assignment: given the lock, it
+                // cannot have.
+                let until = Instant::now() + Duration::from_millis(300);
+                while Instant::now() < until {
+                    if forgotten.load(Ordering::SeqCst) {
+                        return Err("the assignment ended while the commit was being queued");
+                    }
+                    std::thread::yield_now();
                 }
-                std::thread::yield_now();
-            }
-            Ok(send.len())
-        });
+                Ok(send.len())
+            },
+        );
         assert_eq!(queued, Some(Ok(1)));
         assert_eq!(plan.send, vec![position.clone()]);
         revoke.join().unwrap();
         assert!(forgotten.load(Ordering::SeqCst));
-        let (plan, queued) = assignments.plan_and_send(std::slice::from_ref(&position), |_| ());
+        let (plan, queued) = assignments.plan_and_send(
+            std::slice::from_ref(&position),
+            CommitReason::Periodic,
+            |_| (),
+        );
         assert_eq!((plan.not_ours, queued), (vec![position], None));
     }
 }

@@ -13,11 +13,11 @@ use rdkafka::consumer::Consumer;
 
 use super::HistoryConsumer;
 use super::messages::CommitResult;
-use crate::domain::{CommitPosition, TopicPartition};
+use crate::domain::{CommitPosition, CommitReason, TopicPartition};
 
 struct CommitJob {
     positions: Vec<CommitPosition>,
-    reason: &'static str,
+    reason: CommitReason,
 }
 
 pub struct CommitWorker {
@@ -39,7 +39,7 @@ impl CommitWorker {
     }
 
     /// Queues a commit; its outcome goes to the results recipient.
-    pub fn commit(&self, positions: Vec<CommitPosition>, reason: &'static str) {
+    pub fn commit(&self, positions: Vec<CommitPosition>, reason: CommitReason) {
         if let Some(sender) = &self.sender {
             let _ = sender.send(CommitJob { positions, reason });
         }
@@ -72,8 +72,8 @@ fn run(
         let reason = batch
             .iter()
             .map(|job| job.reason)
-            .find(|&reason| reason != "periodic")
-            .unwrap_or("periodic");
+            .find(|&reason| reason != CommitReason::Periodic)
+            .unwrap_or(CommitReason::Periodic);
         let mut newest: HashMap<TopicPartition, CommitPosition> = HashMap::new();
         for position in batch.into_iter().flat_map(|job| job.positions) {
             match newest.get(&position.tp) {

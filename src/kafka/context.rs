@@ -46,7 +46,7 @@ use super::error_log::ClientErrorLog;
 use super::messages::{Lost, Revoke};
 use super::topic_watch::TopicWatchSettings;
 use crate::config::GroupProtocol;
-use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
+use crate::domain::{CommitOutcome, CommitPosition, CommitReason, Epoch, TopicPartition};
 use crate::metrics::{self, Stats};
 use crate::offsets::CommitLedger;
 
@@ -203,12 +203,12 @@ impl SupervisorContext {
         &self,
         consumer: &C,
         positions: &[CommitPosition],
-        reason: &'static str,
+        reason: CommitReason,
         deadline: Instant,
     ) -> (CommitOutcome, Option<KafkaError>) {
-        let (plan, queued) = self
-            .assignments
-            .plan_and_send(positions, |send| queue_commit(consumer, &commit_list(send)));
+        let (plan, queued) = self.assignments.plan_and_send(positions, reason, |send| {
+            queue_commit(consumer, &commit_list(send))
+        });
         for position in &plan.not_ours {
             debug!(tp = %position.tp, epoch = position.epoch, "not committed: assignment over");
         }
@@ -231,7 +231,7 @@ impl SupervisorContext {
         &self,
         consumer: &C,
         positions: &[CommitPosition],
-        reason: &'static str,
+        reason: CommitReason,
         deadline: Instant,
     ) -> CommitOutcome {
         let mut done = CommitOutcome::default();
@@ -323,13 +323,14 @@ impl SupervisorContext {
         // What is resolved already is committed at once; what was in flight follows below.
         if let Ok(positions) = early_answer.recv_timeout(budget.answer_left()) {
             if !positions.is_empty() {
-                self.commit(consumer, &positions, "revoke", budget.deadline);
+                self.commit(consumer, &positions, CommitReason::Revoke, budget.deadline);
             }
         }
         match answer.recv_timeout(budget.answer_left()) {
             Ok(positions) if positions.is_empty() => {}
             Ok(positions) => {
-                let outcome = self.commit_until(consumer, &positions, "revoke", budget.deadline);
+                let outcome =
+                    self.commit_until(consumer, &positions, CommitReason::Revoke, budget.deadline);
                 if !outcome.is_complete() {
                     warn!(
                         failed = ?outcome.failed,
@@ -489,9 +490,10 @@ impl SupervisorContext {
         &self,
         result: Result<(), KafkaError>,
         positions: &[CommitPosition],
-        reason: &'static str,
+        reason: CommitReason,
     ) -> Result<(), KafkaError> {
         let stats = &self.stats;
+        let reason = reason.as_str();
         let refused = result.as_ref().err().map(|err| refusal(err, self.protocol));
         match result {
             Ok(()) => {

@@ -82,6 +82,16 @@ impl CommitLedger {
 
     /// Splits `positions` by what is to be done with each.
     pub fn plan(&self, positions: &[CommitPosition]) -> CommitPlan {
+        self.plan_with(positions, false)
+    }
+
+    /// Like [`plan`](Self::plan), but a position equal to the confirmed one is sent again (a
+    /// re-assertion of what this owner committed); one behind it is still never sent.
+    pub fn plan_reasserting(&self, positions: &[CommitPosition]) -> CommitPlan {
+        self.plan_with(positions, true)
+    }
+
+    fn plan_with(&self, positions: &[CommitPosition], resend_confirmed: bool) -> CommitPlan {
         let mut plan = CommitPlan::default();
         for position in positions {
             if self.epoch_of(&position.tp) != Some(position.epoch) {
@@ -90,7 +100,9 @@ impl CommitLedger {
                 .confirmed
                 .get(&position.tp)
                 .is_some_and(|&(epoch, confirmed)| {
-                    epoch == position.epoch && confirmed >= position.offset
+                    epoch == position.epoch
+                        && (confirmed > position.offset
+                            || (confirmed == position.offset && !resend_confirmed))
                 })
             {
                 // Sending it would move the group's position backwards (a revoke or the final
@@ -175,6 +187,16 @@ mod tests {
         ledger.confirm(&[at(0, 1, 100)]);
         let plan = ledger.plan(&[at(0, 1, 100)]);
         assert_eq!((plan.send.len(), plan.covered.len()), (0, 1));
+    }
+
+    #[test]
+    fn a_reassertion_sends_the_confirmed_position_again_but_never_one_behind_it() {
+        let mut ledger = assigned();
+        ledger.confirm(&[at(0, 1, 100), at(1, 2, 50)]);
+        let plan = ledger.plan_reasserting(&[at(0, 1, 100), at(1, 2, 40), at(1, 1, 60)]);
+        assert_eq!(plan.send, vec![at(0, 1, 100)]);
+        assert_eq!(plan.covered, vec![at(1, 2, 40)]);
+        assert_eq!(plan.not_ours, vec![at(1, 1, 60)]);
     }
 
     #[test]

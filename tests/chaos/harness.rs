@@ -10,6 +10,7 @@ use std::sync::mpsc::{Receiver, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use history_devkit::fault_proxy::{Direction, FaultProxy, Target};
 use history_devkit::group::{GroupInspector, wait_committed};
 use history_devkit::postgres::ThrowawayCluster;
 use history_devkit::workload::PlannedRecord;
@@ -31,6 +32,12 @@ pub struct Figures {
     pub starts: usize,
     pub postgres_restarts: usize,
     pub backend_terminations: usize,
+    /// Times every open database connection was frozen, and how many connections in all.
+    pub database_freezes: usize,
+    pub database_connections_frozen: usize,
+    /// Writes abandoned at their deadline (`history_db_timeouts_total`), every lifetime of
+    /// every instance.
+    pub database_timeouts: u64,
     pub broker_faults: usize,
     pub rebalances: usize,
     /// Assignments the service reported lost (no clean revoke, nothing committed).
@@ -84,7 +91,7 @@ impl Figures {
     pub fn render(&self, seed: u64, elapsed: Duration) -> String {
         format!(
             "chaos run: seed {seed}, {:.0} s\n  records {}  (distinct events {}, duplicates {}, poison {})\n  \
-             kills {}  starts {}  postgres restarts {}  backend terminations {}  broker faults {}\n  \
+             kills {}  starts {}  postgres restarts {}  backend terminations {}  database freezes {} ({} connections, {} writes abandoned at their deadline)  broker faults {}\n  \
              freezes {}  rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})\n  \
              lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
              violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
@@ -98,6 +105,9 @@ impl Figures {
             self.starts,
             self.postgres_restarts,
             self.backend_terminations,
+            self.database_freezes,
+            self.database_connections_frozen,
+            self.database_timeouts,
             self.broker_faults,
             self.freezes,
             self.rebalances,
@@ -128,7 +138,12 @@ pub struct Chaos {
     pub binary: PathBuf,
     pub dir: PathBuf,
     pub postgres: ThrowawayCluster,
+    /// The database, directly: for the checker and the set-up.
     pub database_url: String,
+    /// In front of the cluster's socket: the instances reach the database through it.
+    database_proxy: FaultProxy,
+    /// A freeze found no open connection: the next ones to open are frozen.
+    database_freeze_pending: bool,
     broker: DevKafka,
     pub brokers: String,
     /// The running instances, by number (`None` while one is down).
@@ -196,6 +211,8 @@ impl Chaos {
                 .unwrap();
         });
 
+        let database_proxy = FaultProxy::start(Target::Unix(postgres.socket_path()))
+            .expect("a fault proxy in front of PostgreSQL");
         let broker = DevKafka::start(&dir);
         let brokers = broker.brokers.clone();
         let (commits, commit_feed) = channel();
@@ -205,6 +222,8 @@ impl Chaos {
             dir,
             postgres,
             database_url,
+            database_proxy,
+            database_freeze_pending: false,
             broker,
             brokers,
             instances: (0..instances).map(|_| None).collect(),
@@ -227,11 +246,15 @@ impl Chaos {
             return;
         }
         self.figures.starts += 1;
+        let through_proxy = format!(
+            "postgres://postgres@127.0.0.1:{}/chaos",
+            self.database_proxy.port()
+        );
         self.instances[n] = Some(Instance::start(
             &self.binary,
             n,
             &self.dir,
-            &self.database_url,
+            &through_proxy,
             &self.brokers,
             self.protocol,
             self.feed.clone(),
@@ -256,6 +279,7 @@ impl Chaos {
         };
         self.figures.applied_outcomes += outcome("applied");
         self.figures.already_applied_outcomes += outcome("already_applied");
+        self.figures.database_timeouts += metrics.sum("history_db_timeouts_total") as u64;
     }
 
     pub fn signal_instance(&mut self, n: usize, signal: history_devkit::process::Signal) {
@@ -297,6 +321,37 @@ impl Chaos {
         self.figures.postgres_restarts += 1;
     }
 
+    /// Freezes every open connection between the instances and PostgreSQL. An instance just
+    /// restarted, or still waiting for partitions, may hold none: then the freeze stays
+    /// pending, and [`wait_until`](Self::wait_until) freezes the first connections to open
+    /// before the thaw, so that a freeze always freezes something.
+    pub fn freeze_database(&mut self) {
+        self.figures.database_freezes += 1;
+        self.database_freeze_pending = true;
+        self.try_pending_freeze();
+    }
+
+    fn try_pending_freeze(&mut self) {
+        if self.database_freeze_pending {
+            let frozen = self.database_proxy.freeze_open(Direction::Both);
+            self.figures.database_connections_frozen += frozen;
+            self.database_freeze_pending = frozen == 0;
+        }
+    }
+
+    pub fn thaw_database(&mut self) {
+        self.database_freeze_pending = false;
+        self.database_proxy.thaw();
+    }
+
+    /// Sleeps until `when`, meanwhile retrying a pending database freeze.
+    fn wait_until(&mut self, when: Instant) {
+        while let Some(left) = when.checked_duration_since(Instant::now()) {
+            self.try_pending_freeze();
+            std::thread::sleep(left.min(Duration::from_millis(20)));
+        }
+    }
+
     pub fn terminate_backends(&mut self) {
         let url = self.postgres.url("postgres");
         let ended = self.runtime.block_on(async move {
@@ -329,6 +384,8 @@ impl Chaos {
         plan: Vec<(Duration, Action)>,
         duration: Duration,
     ) -> Figures {
+        let mut plan = plan;
+        plan.sort_by_key(|(when, _)| *when);
         for action in &plan {
             eprintln!(
                 "  planned at {:>6.2} s: {:?}",
@@ -362,14 +419,14 @@ impl Chaos {
         );
 
         for (when, action) in plan {
-            if let Some(wait) = (started + when).checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
+            self.wait_until(started + when);
             match action {
                 Action::Kill(n) => self.kill_instance(n),
                 Action::Start(n) => self.start_instance(n),
                 Action::RestartPostgres => self.restart_postgres(),
                 Action::TerminateBackends => self.terminate_backends(),
+                Action::FreezeDatabase => self.freeze_database(),
+                Action::ThawDatabase => self.thaw_database(),
                 Action::Broker(command) => self.broker_fault(&command),
                 Action::Freeze(n) => {
                     self.signal_instance(n, history_devkit::process::Signal::SIGSTOP);
@@ -382,6 +439,7 @@ impl Chaos {
         }
         producer.join().expect("the producer delivered everything");
         // Heal whatever is still broken, and make sure every instance runs.
+        self.thaw_database();
         for id in 1..=3 {
             self.broker_fault(&format!("broker-up {id}"));
         }

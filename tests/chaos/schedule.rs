@@ -53,6 +53,12 @@ pub enum Action {
     Start(usize),
     RestartPostgres,
     TerminateBackends,
+    /// Every open connection between the service and PostgreSQL frozen (nothing forwarded, the
+    /// sockets open: a hung primary, a fail-over whose old address still acknowledges); new
+    /// connections go through.
+    FreezeDatabase,
+    /// The frozen connections flow again (what they held is forwarded).
+    ThawDatabase,
     /// SIGSTOP: the instance freezes, its sockets open, its heartbeats stopped.
     Freeze(usize),
     /// SIGCONT.
@@ -144,6 +150,15 @@ pub fn schedule(
     let terminations = (duration.as_secs() / 3).max(2);
     for _ in 0..terminations {
         plan.push((at(0.05, 0.85), Action::TerminateBackends));
+    }
+    // Frozen database connections, each longer than the per-transaction deadline
+    // (`database.statement_timeout_ms`, 10 s by default) so that the deadline ends the wait.
+    for _ in 0..(duration.as_secs() / 60).max(1) {
+        let frozen_at = at(0.1, 0.6);
+        let frozen_for =
+            Duration::from_secs(11) + at(0.0, 1.0).mul_f64(4.0 / duration.as_secs_f64());
+        plan.push((frozen_at, Action::FreezeDatabase));
+        plan.push((frozen_at + frozen_for, Action::ThawDatabase));
     }
     let down_at = at(0.15, 0.7);
     let up_after = at(0.03, 0.08);

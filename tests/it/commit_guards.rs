@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use history_devkit::broker::EmbeddedBroker;
 use history_devkit::group::GroupInspector;
-use history_service::domain::{CommitPosition, Epoch, TopicPartition};
+use history_service::domain::{CommitPosition, CommitReason, Epoch, TopicPartition};
 use history_service::kafka::context::{CommitterLink, RebalanceEvent, SupervisorContext};
 use history_service::kafka::messages::{Lost, Revoke};
 use history_service::metrics::Stats;
@@ -127,7 +127,7 @@ async fn commit(
         let (outcome, _) = consumer.context().commit(
             &*consumer,
             std::slice::from_ref(&position),
-            "periodic",
+            CommitReason::Periodic,
             deadline,
         );
         outcome

@@ -657,6 +657,43 @@ async fn a_refused_commit_is_retried_until_the_broker_confirms_it() {
     harness.stop();
 }
 
+/// The confirmed position of an idle partition is committed again every tenth tick: were the
+/// group's position lowered by another member meanwhile (a broker's double assignment), it
+/// would otherwise stay lowered for as long as the partition stays idle.
+#[actix_rt::test]
+async fn an_idle_partitions_confirmed_position_is_reasserted_now_and_then() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|p| p.commit_interval_ms = 20));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    harness.inject(&tp, events(0..10)).await;
+    harness.wait_committed(&tp, 10, WAIT).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    let commits_of_10 = || {
+        let log = harness.log.lock().unwrap();
+        log.commits.iter().filter(|p| p.offset == 10).count()
+    };
+    while commits_of_10() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "position 10 committed {} times, not re-asserted",
+            commits_of_10()
+        );
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        harness
+            .log
+            .lock()
+            .unwrap()
+            .commits
+            .iter()
+            .all(|p| p.offset <= 10),
+        "nothing beyond what was written"
+    );
+    harness.stop();
+}
+
 #[actix_rt::test]
 async fn drain_returns_a_position_whose_periodic_commit_was_refused() {
     let db = TestDb::migrated().await;
