@@ -7,6 +7,11 @@
 //! server accepts is written, and each event it rejects by itself is parked — retried alone,
 //! with backoff, while the writer serves other jobs — so one bad event holds back only its own
 //! partition, at its offset, and is named in the log and in `history_stuck_event`.
+//!
+//! A batch that does not finish within its deadline is written again halved, the rest put back
+//! at the front of the queue, and later batches stay smaller until the database is quick again
+//! (`domain::batch_size`): a database too slow for a full batch per deadline gets smaller ones,
+//! rather than the same batch timing out for ever.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use super::messages::{
     Withdrawn, Work, WriteJob, WriteJobs,
 };
 use crate::domain::backoff::Backoff;
+use crate::domain::batch_size::BatchSize;
 use crate::domain::linger::{Decision, Linger};
 use crate::domain::{HistoryEvent, Resolution, bisect, process_history_batch};
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
@@ -63,6 +69,8 @@ pub struct DbWriter {
     /// The delays between the attempts of a failing batch; reset by a success.
     backoff: Backoff,
     attempt: u32,
+    /// How many jobs the next batch may hold: fewer than `batch_max_events` after a timeout.
+    batch_size: BatchSize,
 }
 
 /// One record's work, typed by kind: the batch code never has to ask which kind a job is.
@@ -129,6 +137,34 @@ impl Batch {
     fn len(&self) -> usize {
         self.events.len() + self.letters.len()
     }
+
+    /// Splits off everything after the first `keep` jobs (events first, then letters).
+    fn split_off(&mut self, keep: usize) -> Batch {
+        let events = self.events.split_off(keep.min(self.events.len()));
+        let letters_kept = keep.saturating_sub(self.events.len());
+        let letters = self.letters.split_off(letters_kept.min(self.letters.len()));
+        Batch { events, letters }
+    }
+
+    /// The jobs again, as they came to the writer.
+    fn into_jobs(self) -> impl Iterator<Item = WriteJob> {
+        let job = |tp, epoch, offset, work, held| WriteJob {
+            tp,
+            epoch,
+            offset,
+            work,
+            held,
+        };
+        let events = self
+            .events
+            .into_iter()
+            .map(move |j| job(j.tp, j.epoch, j.offset, Work::Event(j.item), j.held));
+        let letters = self
+            .letters
+            .into_iter()
+            .map(move |j| job(j.tp, j.epoch, j.offset, Work::DeadLetter(j.item), j.held));
+        events.chain(letters)
+    }
 }
 
 /// The server's reason for rejecting an event by itself.
@@ -183,6 +219,7 @@ impl DbWriter {
     ) -> Self {
         let linger = Linger::new(settings.batch_max_events, settings.batch_linger);
         let backoff = Backoff::new(settings.retry_initial, settings.retry_max);
+        let batch_size = BatchSize::new(settings.batch_max_events, repository.pool().deadline());
         DbWriter {
             id,
             repository,
@@ -195,6 +232,7 @@ impl DbWriter {
             linger,
             backoff,
             attempt: 0,
+            batch_size,
         }
     }
 
@@ -226,7 +264,7 @@ impl DbWriter {
             self.state = State::Idle;
             return;
         }
-        let take = self.buffer.len().min(self.settings.batch_max_events);
+        let take = self.buffer.len().min(self.batch_size.current());
         let batch = Batch::of(self.buffer.drain(..take));
         self.linger.taken();
         self.write(batch, ctx);
@@ -267,6 +305,7 @@ impl DbWriter {
         }
         match result.failed {
             None => {
+                self.batch_size.written(result.attempted, result.elapsed);
                 if self.attempt > 0 {
                     info!(
                         writer = self.id,
@@ -279,7 +318,7 @@ impl DbWriter {
                 self.state = State::Idle;
                 self.schedule(ctx);
             }
-            Some((batch, error)) => {
+            Some((mut batch, error)) => {
                 self.stats
                     .outcomes(OutcomeClass::Unknown, batch.len() as u64);
                 self.stats.retry();
@@ -297,6 +336,25 @@ impl DbWriter {
                         "write did not return within its deadline: abandoned, its connection \
                          closed and every older one replaced; retrying on a fresh connection"
                     );
+                }
+                if error.is_deadline() {
+                    let attempted = batch.len();
+                    let keep = self.batch_size.timed_out(attempted);
+                    let rest = batch.split_off(keep);
+                    for job in rest.into_jobs().collect::<Vec<_>>().into_iter().rev() {
+                        self.buffer.push_front(job);
+                    }
+                    if batch.len() < attempted {
+                        warn!(
+                            writer = self.id,
+                            records = attempted,
+                            retried = batch.len(),
+                            batch_max = self.batch_size.current(),
+                            "a batch did not finish within its deadline: written again halved, \
+                             the rest queued, and later batches this small until the database \
+                             writes them quickly again"
+                        );
+                    }
                 }
                 warn!(
                     writer = self.id,

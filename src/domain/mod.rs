@@ -4,6 +4,7 @@
 //! broker or a database.
 
 pub mod backoff;
+pub mod batch_size;
 pub mod bisect;
 pub mod budget;
 pub mod decode;

@@ -37,6 +37,17 @@ impl StoreError {
         }
     }
 
+    /// Whether the work ran out of time: our deadline expired, or the server cancelled the
+    /// statement (SQLSTATE 57014, `statement_timeout`, which is set to the same deadline).
+    pub fn is_deadline(&self) -> bool {
+        match self {
+            StoreError::TimedOut(_) => true,
+            _ => self
+                .db_error()
+                .is_some_and(|db| db.code().code() == "57014"),
+        }
+    }
+
     /// Whether the failure says the session, not the work, is bad, so that retrying on it (or
     /// on any session opened before it) is pointless: a deadline expired (a hung server or
     /// network), or the server reported its own state — class 25 (a read-only session: a standby

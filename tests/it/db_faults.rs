@@ -33,8 +33,6 @@ fn backlog(prefix: &str) -> Vec<PlannedRecord> {
     })
 }
 
-/// Polls `rows` of the app's database until `done` holds for the count, within `timeout`;
-/// returns that count.
 /// A migrated database the service reaches through a fault proxy: the proxy, the database,
 /// and its URL through the proxy.
 pub(crate) async fn behind_a_proxy() -> (FaultProxy, Arc<TestDb>, String) {
@@ -46,6 +44,8 @@ pub(crate) async fn behind_a_proxy() -> (FaultProxy, Arc<TestDb>, String) {
     (proxy, db, url)
 }
 
+/// Polls `rows` of the app's database until `done` holds for the count, within `timeout`;
+/// returns that count.
 async fn wait_count(app: &TestApp, timeout: Duration, done: impl Fn(i64) -> bool) -> i64 {
     let deadline = Instant::now() + timeout;
     loop {
@@ -190,6 +190,85 @@ async fn frozen_database_connections_are_abandoned_at_their_deadline_and_the_dra
         "froze {frozen} connections at {rows_at_freeze} of {distinct} rows; the drain completed \
          {drained_in:?} after the freeze; {timeouts:?} timeouts; {line}"
     );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+/// Both ways a write runs out of time count as such: our deadline, and the server's
+/// `statement_timeout` cancelling the statement first (57014), which the batch's halving
+/// must not mistake for a failure of the data or of the session.
+#[actix_rt::test]
+async fn the_servers_statement_timeout_counts_as_the_write_running_out_of_time() {
+    let db = TestDb::create().await;
+    let client = db.client().await;
+    client
+        .batch_execute("SET statement_timeout = 50")
+        .await
+        .unwrap();
+    let cancelled = StoreError::from(client.simple_query("SELECT pg_sleep(5)").await.unwrap_err());
+    assert_eq!(
+        cancelled.db_error().map(|db| db.code().code().to_owned()),
+        Some("57014".to_owned()),
+        "{cancelled}"
+    );
+    assert!(cancelled.is_deadline(), "{cancelled}");
+    assert!(!cancelled.is_session_fault(), "{cancelled}");
+    assert!(StoreError::TimedOut(Duration::from_secs(1)).is_deadline());
+    assert!(!StoreError::Unavailable("down".into()).is_deadline());
+}
+
+/// A database that writes fewer rows per deadline than a full batch holds — a trigger of the
+/// user's own costing 4 ms a row, batches of up to 1,000, a 1 s deadline: no full batch can
+/// finish in time. Sent again whole, the first batch would time out for ever and nothing would
+/// be written; halved after each timeout, the drain completes, exactly, nothing dead-lettered.
+#[actix_rt::test]
+async fn a_database_too_slow_for_a_full_batch_within_the_deadline_is_sent_smaller_ones() {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.env("HISTORY__DATABASE__STATEMENT_TIMEOUT_MS", "1000");
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "1000");
+    })
+    .await;
+    app.db
+        .client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep(0.004); RETURN NULL; END $$;
+             CREATE TRIGGER slow_row AFTER INSERT ON history_events
+             FOR EACH ROW EXECUTE FUNCTION slow_row();",
+        )
+        .await
+        .unwrap();
+    let records = workload::generate(&WorkloadSpec {
+        records: 4_000,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: "slow".into(),
+        tickets: 97,
+        max_payload_bytes: 65536,
+        seed: rand::random(),
+    });
+    let distinct = distinct_events(&records) as i64;
+    // The backlog is there before the service starts: its first batches are full.
+    app.produce(&records).await;
+    app.start();
+
+    let committed = app.wait_committed(Duration::from_secs(120)).await;
+    assert_eq!(
+        committed,
+        app.ends().await.into_iter().map(Some).collect::<Vec<_>>()
+    );
+    assert_eq!(app.db.count("history_events").await, distinct);
+    assert_eq!(app.db.count("inbox").await, distinct);
+    assert_eq!(app.db.count("dead_letters").await, 0);
+    let line = app
+        .wait_for_log(
+            &["a batch did not finish within its deadline", "batch_max="],
+            Duration::from_secs(1),
+        )
+        .await;
+    eprintln!("{line}");
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
