@@ -67,7 +67,7 @@ impl Assignments {
         reason: CommitReason,
         send: impl FnOnce(&[CommitPosition]) -> Q,
     ) -> (CommitPlan, Option<Q>) {
-        let ledger = self.ledger.lock();
+        let mut ledger = self.ledger.lock();
         let plan = if reason.resends_confirmed() {
             ledger.plan_reasserting(positions)
         } else {
@@ -77,6 +77,7 @@ impl Assignments {
             return (plan, None);
         }
         let queued = send(&plan.send);
+        ledger.queued(&plan.send);
         (plan, Some(queued))
     }
 

@@ -3,6 +3,13 @@
 //! group's committed position backwards. Three paths commit (periodic, revoke, shutdown) and can
 //! race; each asks the ledger which of its positions still need sending.
 //!
+//! Checking against what was confirmed is not enough: a commit planned while a higher one is
+//! queued but not yet answered (a periodic commit picked up by its thread just after the final
+//! commit was queued) would pass, be sent after it, and the broker, applying commits in the order
+//! they come, would end at the lower one. So the ledger also keeps the highest position queued in
+//! each assignment, and raises a lower position to it: every position it queued was resolved
+//! through, so committing it again covers the lower one, and commits leave in increasing order.
+//!
 //! Both halves are keyed by the assignment's epoch. A position of an epoch that is over is its
 //! next owner's to commit, never ours; and what was confirmed in one epoch says nothing of the
 //! next: a partition assigned again may rightly commit a lower position (the topic was deleted
@@ -18,6 +25,8 @@ pub struct CommitLedger {
     epochs: HashMap<TopicPartition, Epoch>,
     /// The newest position the broker confirmed for the partition's current epoch.
     confirmed: HashMap<TopicPartition, (Epoch, i64)>,
+    /// The highest position queued for the partition's current epoch, answered or not.
+    queued: HashMap<TopicPartition, (Epoch, i64)>,
     next_epoch: Epoch,
 }
 
@@ -26,6 +35,7 @@ impl Default for CommitLedger {
         CommitLedger {
             epochs: HashMap::new(),
             confirmed: HashMap::new(),
+            queued: HashMap::new(),
             next_epoch: 1,
         }
     }
@@ -34,7 +44,8 @@ impl Default for CommitLedger {
 /// How a commit request splits up.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct CommitPlan {
-    /// Ahead of the confirmed position of its epoch: to be sent to the broker.
+    /// Ahead of the confirmed position of its epoch: to be sent to the broker — raised to the
+    /// highest position already queued in its epoch, if that is higher.
     pub send: Vec<CommitPosition>,
     /// Covered already: this position or a later one of the same epoch was confirmed.
     pub covered: Vec<CommitPosition>,
@@ -66,6 +77,7 @@ impl CommitLedger {
             if self.epochs.get(tp) == Some(epoch) {
                 self.epochs.remove(tp);
                 self.confirmed.remove(tp);
+                self.queued.remove(tp);
             }
         }
     }
@@ -109,10 +121,38 @@ impl CommitLedger {
                 // commit overtook this one), or repeat a commit.
                 plan.covered.push(position.clone());
             } else {
-                plan.send.push(position.clone());
+                let offset = match self.queued.get(&position.tp) {
+                    Some(&(epoch, queued)) if epoch == position.epoch => {
+                        queued.max(position.offset)
+                    }
+                    _ => position.offset,
+                };
+                plan.send.push(CommitPosition {
+                    offset,
+                    ..position.clone()
+                });
             }
         }
         plan
+    }
+
+    /// Records positions handed to the client for sending (those of assignments still
+    /// current): no later commit of their epoch is sent lower.
+    pub fn queued(&mut self, positions: &[CommitPosition]) {
+        for position in positions {
+            if self.epoch_of(&position.tp) != Some(position.epoch) {
+                continue;
+            }
+            let queued = self
+                .queued
+                .entry(position.tp.clone())
+                .or_insert((position.epoch, position.offset));
+            *queued = if queued.0 == position.epoch {
+                (position.epoch, queued.1.max(position.offset))
+            } else {
+                (position.epoch, position.offset)
+            };
+        }
     }
 
     /// Records positions the broker confirmed (those of assignments still current).
@@ -187,6 +227,33 @@ mod tests {
         ledger.confirm(&[at(0, 1, 100)]);
         let plan = ledger.plan(&[at(0, 1, 100)]);
         assert_eq!((plan.send.len(), plan.covered.len()), (0, 1));
+    }
+
+    #[test]
+    fn a_position_below_one_queued_and_unanswered_is_raised_to_it() {
+        let mut ledger = assigned();
+        ledger.queued(&[at(0, 1, 100)]);
+        // Not yet confirmed: a lower position planned now must not leave after it, lower.
+        let plan = ledger.plan(&[at(0, 1, 90), at(1, 2, 5)]);
+        assert_eq!(plan.send, vec![at(0, 1, 100), at(1, 2, 5)]);
+        // A higher one goes as it is.
+        assert_eq!(ledger.plan(&[at(0, 1, 120)]).send, vec![at(0, 1, 120)]);
+        // Confirmed, it covers what is behind it.
+        ledger.confirm(&[at(0, 1, 100)]);
+        assert_eq!(ledger.plan(&[at(0, 1, 90)]).covered, vec![at(0, 1, 90)]);
+    }
+
+    #[test]
+    fn what_an_ended_epoch_queued_raises_nothing_of_a_later_one() {
+        let mut ledger = assigned();
+        ledger.queued(&[at(0, 1, 100)]);
+        ledger.forget(&[(tp(0), 1)]);
+        let epoch = ledger.assign([tp(0)])[0].1;
+        ledger.queued(&[at(0, 1, 200)]);
+        assert_eq!(
+            ledger.plan(&[at(0, epoch, 40)]).send,
+            vec![at(0, epoch, 40)]
+        );
     }
 
     #[test]
