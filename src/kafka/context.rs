@@ -206,7 +206,10 @@ impl SupervisorContext {
         reason: CommitReason,
         deadline: Instant,
     ) -> (CommitOutcome, Option<KafkaError>) {
+        let mut queued_at = None;
         let (plan, queued) = self.assignments.plan_and_send(positions, reason, |send| {
+            // Taken under the ledger's lock: the order of these is the order commits leave in.
+            queued_at = Some(chrono::Utc::now());
             queue_commit(consumer, &commit_list(send))
         });
         for position in &plan.not_ours {
@@ -216,7 +219,7 @@ impl SupervisorContext {
             return (CommitLedger::outcome(plan, true), None);
         };
         let result = queued.and_then(|queued| queued.wait(deadline));
-        match self.verdict(result, &plan.send, reason) {
+        match self.verdict(result, &plan.send, reason, queued_at) {
             Ok(()) => {
                 self.assignments.confirm(&plan.send);
                 (CommitLedger::outcome(plan, true), None)
@@ -491,13 +494,14 @@ impl SupervisorContext {
         result: Result<(), KafkaError>,
         positions: &[CommitPosition],
         reason: CommitReason,
+        queued_at: Option<chrono::DateTime<chrono::Utc>>,
     ) -> Result<(), KafkaError> {
         let stats = &self.stats;
         let reason = reason.as_str();
         let refused = result.as_ref().err().map(|err| refusal(err, self.protocol));
         match result {
             Ok(()) => {
-                log_committed(positions, reason);
+                log_committed(positions, reason, queued_at);
                 stats.commit(reason, "ok");
                 Ok(())
             }
@@ -533,8 +537,18 @@ impl SupervisorContext {
 
 /// The service's own record of each commit: one line per partition, with the epoch of its
 /// assignment, at debug level under the `history_service::commits` target (the chaos test and
-/// the handover tests read them back).
-fn log_committed(positions: &[CommitPosition], reason: &'static str) {
+/// the handover tests read them back). Written once the broker confirmed it, by whichever thread
+/// waited — so two commits' lines may come in another order than the commits left in; their
+/// `queued_at` (taken under the ledger's lock) is in the order they left in, which is the order
+/// the broker applies them.
+fn log_committed(
+    positions: &[CommitPosition],
+    reason: &'static str,
+    queued_at: Option<chrono::DateTime<chrono::Utc>>,
+) {
+    let queued_at = queued_at
+        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true))
+        .unwrap_or_default();
     for position in positions {
         metrics::set_committed_offset(&position.tp, position.offset);
         debug!(
@@ -544,6 +558,7 @@ fn log_committed(positions: &[CommitPosition], reason: &'static str) {
             offset = position.offset,
             epoch = position.epoch,
             reason,
+            queued_at = %queued_at,
             "offset committed"
         );
     }

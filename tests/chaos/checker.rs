@@ -178,8 +178,9 @@ fn held(owned: &[Owned], partition: i32, commit: &Committed) -> Option<(At, Opti
         .map(|&(_, _, _, from, until)| (from, until))
 }
 
-/// Commits that moved a partition's position backwards, in the order the broker confirmed
-/// them (the instances' commit timestamps): the service's, and apart those made while the
+/// Commits that moved a partition's position backwards, in the order they left (each commit
+/// line's `queued_at`, taken under the ledger's lock; within one instance the order the broker
+/// applies them): the service's, and apart those made while the
 /// broker had the partition assigned to both instances ([`CheckerReport::double_assigned`]).
 fn backward_commits(history: &mut [Vec<Committed>], owned: &[Owned]) -> (Vec<String>, Vec<String>) {
     let (mut violations, mut double) = (Vec::new(), Vec::new());

@@ -108,7 +108,14 @@ impl LogFeed {
                 let partition = entry["partition"].as_i64().unwrap() as i32;
                 let offset = entry["offset"].as_i64().unwrap();
                 let epoch = entry["epoch"].as_u64().unwrap_or_default();
-                let _ = self.commits.send((n, partition, offset, at(), epoch));
+                // When the commit left, not when its confirmation was logged: lines written by
+                // different threads of one instance can come out of the order commits left in.
+                let queued_at = entry["queued_at"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.to_utc())
+                    .unwrap_or_else(at);
+                let _ = self.commits.send((n, partition, offset, queued_at, epoch));
             }
             Some("partitions assigned") => {
                 self.rebalances.fetch_add(1, Ordering::Relaxed);
