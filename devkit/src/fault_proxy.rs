@@ -385,14 +385,17 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let (mut read, mut write) = stream.split();
-                    let _ = tokio::io::copy(&mut read, &mut write).await;
-                });
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(echo(stream));
             }
         });
         addr
+    }
+
+    /// Sends back whatever `stream` receives, until it closes.
+    async fn echo(stream: impl AsyncRead + AsyncWrite) {
+        let (mut read, mut write) = tokio::io::split(stream);
+        let _ = tokio::io::copy(&mut read, &mut write).await;
     }
 
     async fn round_trip(stream: &mut TcpStream, text: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -412,11 +415,8 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
         tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let (mut read, mut write) = stream.split();
-                    let _ = tokio::io::copy(&mut read, &mut write).await;
-                });
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(echo(stream));
             }
         });
         let proxy = FaultProxy::start(Target::Unix(path.clone())).unwrap();

@@ -109,6 +109,21 @@ impl TestDb {
         store::connect_pool(self.config.clone(), size, std::time::Duration::from_secs(5))
     }
 
+    /// Makes every history row cost `seconds` inside its transaction (a trigger sleeping): a
+    /// slow disk, or a trigger of the user's own.
+    pub async fn slow_history_rows(&self, seconds: f64) {
+        self.client()
+            .await
+            .batch_execute(&format!(
+                "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN PERFORM pg_sleep({seconds}); RETURN NEW; END $$;
+                 CREATE TRIGGER slow_row BEFORE INSERT ON history_events
+                 FOR EACH ROW EXECUTE FUNCTION slow_row();"
+            ))
+            .await
+            .unwrap();
+    }
+
     pub async fn count(&self, table: &str) -> i64 {
         self.client()
             .await

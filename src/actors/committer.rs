@@ -206,10 +206,18 @@ impl OffsetCommitter {
 
     /// Every position ahead of its confirmed one, in partition order.
     fn unconfirmed_positions(&self) -> Vec<CommitPosition> {
+        self.positions(PartitionWindow::unconfirmed)
+    }
+
+    /// What `position` picks of each window, in partition order.
+    fn positions(
+        &self,
+        position: impl Fn(&PartitionWindow, &TopicPartition) -> Option<CommitPosition>,
+    ) -> Vec<CommitPosition> {
         let mut positions: Vec<CommitPosition> = self
             .windows
             .iter()
-            .filter_map(|(tp, window)| window.unconfirmed(tp))
+            .filter_map(|(tp, window)| position(window, tp))
             .collect();
         positions.sort_by(|a, b| a.tp.cmp(&b.tp));
         positions
@@ -223,12 +231,7 @@ impl OffsetCommitter {
             return;
         }
         self.ticks_since_reassert = 0;
-        let mut positions: Vec<CommitPosition> = self
-            .windows
-            .iter()
-            .filter_map(|(tp, window)| window.held(tp))
-            .collect();
-        positions.sort_by(|a, b| a.tp.cmp(&b.tp));
+        let positions = self.positions(PartitionWindow::held);
         self.send(positions, CommitReason::Reassert);
     }
 

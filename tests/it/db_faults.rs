@@ -228,17 +228,7 @@ async fn a_database_too_slow_for_a_full_batch_within_the_deadline_is_sent_smalle
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "1000");
     })
     .await;
-    app.db
-        .client()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN PERFORM pg_sleep(0.004); RETURN NULL; END $$;
-             CREATE TRIGGER slow_row AFTER INSERT ON history_events
-             FOR EACH ROW EXECUTE FUNCTION slow_row();",
-        )
-        .await
-        .unwrap();
+    app.db.slow_history_rows(0.004).await;
     let records = workload::generate(&WorkloadSpec {
         records: 4_000,
         duplicates: 0.0,

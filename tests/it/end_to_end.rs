@@ -275,17 +275,7 @@ async fn most_held_while_draining(per_partition: &str, in_all: &str) -> (f64, f6
         .env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "20");
     })
     .await;
-    app.db
-        .client()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION slow_row() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$;
-             CREATE TRIGGER slow_row BEFORE INSERT ON history_events
-             FOR EACH ROW EXECUTE FUNCTION slow_row();",
-        )
-        .await
-        .unwrap();
+    app.db.slow_history_rows(0.001).await;
     let records = events_with_duplicates(3000, "intake", 50, 11);
     let distinct = distinct_events(&records);
     app.produce(&records).await;
