@@ -16,25 +16,24 @@ ARG RUST_VERSION=1.95
 # --------------------------------------------------------------------------------------------
 FROM rust:${RUST_VERSION}-bookworm AS builder
 
-# rdkafka-sys (default features, no `cmake-build`) compiles the librdkafka bundled in the crate
-# with librdkafka's own mklove `./configure` (a bash script) and `make libs`, which builds both
-# src/ (C) and src-cpp/ (C++) and whose configure requires a C++ compiler: gcc, g++, make.
-# No cmake (only for the `cmake-build` feature), no git (the sources ship inside the crate),
-# no python/perl (not used by `make libs`; perl would only be needed by openssl-sys's
-# `vendored` feature, which is not enabled).
-#   - zlib1g-dev + pkg-config: libz-sys (rdkafka-sys's default `libz` feature) finds the system
-#     zlib through pkg-config and links it dynamically (libz.so.1 at run time), and librdkafka's
-#     configure compiles against <zlib.h>.
-#   - libssl-dev: rdkafka's `ssl` feature (librdkafka --enable-ssl: SSL/SASL_SSL, SCRAM) and the
-#     `openssl`/`postgres-openssl` crates link the system OpenSSL 3 through openssl-sys, which
-#     finds it with pkg-config (libssl.so.3/libcrypto.so.3 at run time).
-#   - tikv-jemalloc-sys (the binary's allocator) builds the jemalloc bundled in the crate with its
-#     shipped configure script and make: gcc and make again, nothing more; linked statically.
-# The rust:*-bookworm image (buildpack-deps) already ships most of these; they are listed so the
-# requirement is explicit and the stage still works on a slimmer base.
+# rdkafka-sys compiles the librdkafka bundled in the crate with librdkafka's own mklove
+# `./configure` (a bash script) and `make libs` (C and C++: gcc, g++, make), with every codec
+# and authentication mechanism built in and linked statically (Cargo.toml):
+#   - zstd (zstd-sys), zlib (libz-sys, `libz-static`), snappy and lz4 (in librdkafka itself);
+#   - Cyrus SASL and MIT Kerberos for GSSAPI (sasl2-sys and krb5-src, `gssapi-vendored`), built
+#     from the crates' sources with their configure scripts: perl besides;
+#   - libcurl for OAUTHBEARER/OIDC (curl-sys, `curl-static`), built with cc. librdkafka's
+#     configure turns its OIDC client on only if pkg-config finds a libcurl, hence
+#     libcurl4-openssl-dev here; the binary links curl-sys's static one (no libcurl.so).
+# pkg-config and libssl-dev: rdkafka's `ssl` feature, libcurl and the
+# `openssl`/`postgres-openssl` crates link the system OpenSSL 3 through openssl-sys
+# (libssl.so.3/libcrypto.so.3 at run time). tikv-jemalloc-sys (the
+# binary's allocator) builds the jemalloc bundled in the crate with its configure script:
+# linked statically. The rust:*-bookworm image (buildpack-deps) already ships most of these;
+# they are listed so the requirement is explicit and the stage still works on a slimmer base.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        gcc g++ make pkg-config zlib1g-dev libssl-dev \
+        gcc g++ make perl pkg-config libssl-dev libcurl4-openssl-dev \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /build
@@ -74,13 +73,19 @@ RUN touch src/main.rs src/lib.rs \
 # --------------------------------------------------------------------------------------------
 FROM debian:bookworm-slim AS runtime
 
-# Shared libraries the binary loads besides glibc and libgcc_s (both in the base image):
-#   - zlib1g: libz.so.1 (librdkafka compression; already in the base image, listed for clarity);
-#   - libssl3: libssl.so.3/libcrypto.so.3 (Kafka SSL/SASL_SSL, PostgreSQL TLS);
-#   - ca-certificates: the trust store OpenSSL verifies broker and database certificates with.
-# Check with `ldd /usr/local/bin/history-service` after a change of features.
+# The shared libraries the binary loads besides glibc's (libc, libm, libresolv: libc6) and
+# libgcc_s (libgcc-s1), both in the base image — tests/it/image.rs checks this list against
+# `ldd` of the built binary:
+#   - libssl3: libssl.so.3/libcrypto.so.3 (Kafka SSL/SASL_SSL and SCRAM, PostgreSQL TLS, the
+#     OIDC token requests);
+# and what librdkafka runs or reads:
+#   - krb5-user: `kinit`, which librdkafka runs to log in from the keytab under GSSAPI
+#     (sasl.kerberos.kinit.cmd; Kerberos itself is linked in);
+#   - ca-certificates: the trust store OpenSSL verifies brokers, databases and identity
+#     providers with.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends zlib1g libssl3 ca-certificates \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        libssl3 krb5-user ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
 # An unprivileged user with a fixed numeric id, so Kubernetes' runAsNonRoot can verify it.

@@ -20,7 +20,7 @@ fn window(c: &mut Criterion) {
                 window.track(offset);
             }
             for offset in 0..RECORDS {
-                window.resolve(offset).unwrap();
+                window.resolve(offset, 0).unwrap();
             }
             black_box(window.position())
         })
@@ -42,7 +42,7 @@ fn window(c: &mut Criterion) {
             },
             |mut window| {
                 for &offset in &order {
-                    window.resolve(offset).unwrap();
+                    window.resolve(offset, 0).unwrap();
                 }
                 black_box(window.position())
             },

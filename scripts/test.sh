@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 if [ -z "${HISTORY_TEST_DATABASE_URL:-}" ]; then
   scripts/ensure-postgres.sh
 fi
+scripts/ensure-build-deps.sh
 scripts/test-tools.sh
 # The tests drive both binaries (history-service, and history-dev for the demo, the bench and
 # the embedded broker): build them first.

@@ -14,7 +14,10 @@ use actix::prelude::*;
 use tracing::{info, warn};
 
 use crate::actors::Pipeline;
-use crate::actors::supervisor::{CloseConsumer, CommitFinal, KafkaSupervisor, StopFetching};
+use crate::actors::supervisor::{
+    CloseConsumer, CommitFinal, KafkaSupervisor, StopFetching, Traces,
+};
+use crate::actors::trace_check::TraceCheck;
 use crate::config::{ConfigError, Settings};
 use crate::domain::CommitOutcome;
 use crate::domain::backoff::Backoff;
@@ -22,6 +25,8 @@ use crate::health::Readiness;
 use crate::http;
 use crate::kafka::context::CommitterLink;
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
+use crate::kafka::fetch_sizing::{FetchSizing, SizingWatch};
+use crate::kafka::tail::TailReader;
 use crate::kafka::topic_watch::TopicWatchSettings;
 use crate::kafka::{self, SupervisorContext};
 use crate::metrics::{Stats, StatsSnapshot};
@@ -152,6 +157,10 @@ pub async fn run_until(
         group_protocol = settings.kafka.group_protocol.name(),
         group_instance_id = %settings.kafka.group_instance_id,
         writers = settings.pipeline.writers,
+        librdkafka = %kafka::features::librdkafka_version(),
+        builtin_features = %kafka::features::builtin()
+            .map(|features| features.join(","))
+            .unwrap_or_else(|err| format!("unknown ({err})")),
         "history-service starting"
     );
     let stats = Stats::new();
@@ -483,8 +492,46 @@ async fn start(
         topics: settings.kafka.topics.clone(),
         interval: settings.kafka.metadata_refresh(),
         missing: readiness.missing_topics(),
-    });
-    let consumer = match kafka::subscribe(&settings.kafka, &settings.pipeline.budget(), context) {
+    })
+    .with_health(readiness.client_health());
+    let budget = settings.pipeline.budget();
+    let brokers = tokio::select! {
+        brokers = brokers_to_size_for(settings) => brokers,
+        _ = &mut shutdown => {
+            let _ = pipeline.drain(Duration::ZERO).await;
+            pipeline.stop();
+            return Ok(None);
+        }
+    };
+    let sizing = FetchSizing::new(
+        &budget,
+        brokers,
+        settings.kafka.max_compression_ratio as usize,
+    );
+    info!(
+        brokers,
+        max_compression_ratio = sizing.ratio,
+        fetch_max_bytes = sizing.fetch.max_bytes,
+        partition_fetch_bytes = sizing.fetch.partition_bytes,
+        queue_kbytes = budget.queue_kbytes,
+        "fetch requests sized: a response from every broker, decompressed, fits the Kafka \
+         client's share of pipeline.max_in_flight_bytes"
+    );
+    if let Some(needed) =
+        sizing.budget_needed_for_batches(settings.pipeline.max_in_flight_bytes, budget.fetch_bytes)
+    {
+        warn!(
+            brokers,
+            max_in_flight_bytes = settings.pipeline.max_in_flight_bytes,
+            needed,
+            "pipeline.max_in_flight_bytes leaves the Kafka client too little for one record \
+             batch from each broker (a fetch returns a partition's first batch whole, often a \
+             megabyte decompressed): its prefetch may exceed its share; raise \
+             pipeline.max_in_flight_bytes to the value named"
+        );
+    }
+    let context = context.with_sizing(SizingWatch::new(sizing));
+    let consumer = match kafka::subscribe(&settings.kafka, &budget, &sizing.fetch, context) {
         Ok(consumer) => consumer,
         Err(err) => {
             // The round trip makes sure the committer has started (and stops it taking work);
@@ -494,11 +541,29 @@ async fn start(
             return Err(err.into());
         }
     };
+    // The check makes its client when a partition is assigned; one made now proves the
+    // settings it needs at start-up.
+    let traces = match TailReader::new(&settings.kafka) {
+        Ok(_) => Traces {
+            check: Arc::new(TraceCheck::new(
+                settings.kafka.clone(),
+                pool.clone(),
+                settings.pipeline.max_payload_bytes,
+            )),
+            group: Arc::from(settings.kafka.group_id.as_str()),
+            behind: readiness.database_behind(),
+        },
+        Err(err) => {
+            let _ = pipeline.drain(Duration::ZERO).await;
+            pipeline.stop();
+            return Err(err.into());
+        }
+    };
     let kafka_arbiter = Arbiter::new();
     let supervisor = {
         let pipeline = pipeline.clone();
         KafkaSupervisor::start_in_arbiter(&kafka_arbiter.handle(), move |_| {
-            KafkaSupervisor::new(consumer, pipeline)
+            KafkaSupervisor::new(consumer, pipeline).with_trace_check(traces)
         })
     };
     pipeline.attach_kafka(supervisor.clone().recipient());
@@ -508,6 +573,44 @@ async fn start(
         supervisor,
         kafka_arbiter,
     }))
+}
+
+/// How long start-up waits for the cluster to say how many brokers it has.
+const CLUSTER_METADATA_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many brokers to size the fetch requests for: the cluster's, as one metadata request
+/// tells, or — when no broker answers within [`CLUSTER_METADATA_TIMEOUT`] — the brokers listed
+/// in `kafka.brokers` (the service then says so, and warns later if it finds more).
+async fn brokers_to_size_for(settings: &Settings) -> usize {
+    let kafka = settings.kafka.clone();
+    let asked = tokio::task::spawn_blocking(move || {
+        kafka::cluster_brokers(&kafka, CLUSTER_METADATA_TIMEOUT)
+    })
+    .await;
+    let listed = settings
+        .kafka
+        .brokers
+        .split(',')
+        .filter(|entry| !entry.trim().is_empty())
+        .count()
+        .max(1);
+    match asked {
+        Ok(Ok(brokers)) if brokers > 0 => brokers,
+        Ok(Ok(_)) => listed,
+        Ok(Err(err)) => {
+            warn!(
+                error = %err,
+                listed,
+                "the cluster did not say how many brokers it has: fetch requests sized for the \
+                 brokers listed in kafka.brokers"
+            );
+            listed
+        }
+        Err(err) => {
+            warn!(error = %err, listed, "the cluster's metadata could not be asked for");
+            listed
+        }
+    }
 }
 
 /// Applies migrations, retrying while the database does not answer (it may start after us, or

@@ -14,6 +14,8 @@ use serde::Deserialize;
 
 use crate::domain::budget::{MIN_BUDGET_BYTES, Split};
 
+mod strict;
+
 /// The defaults, built in so the binary needs no file to start.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -67,26 +69,35 @@ pub struct DatabaseSettings {
     pub password: SecretString,
     pub password_file: String,
     pub tls_ca_file: String,
+    #[serde(deserialize_with = "strict::integer")]
     pub pool_size: u32,
+    #[serde(deserialize_with = "strict::integer")]
     pub connect_timeout_ms: u64,
     /// Longest one write transaction may take, client side (the transaction is abandoned and
     /// its connection closed) and server side (`statement_timeout` of pooled sessions).
+    #[serde(deserialize_with = "strict::integer")]
     pub statement_timeout_ms: u64,
     /// The server's `idle_in_transaction_session_timeout` for pooled sessions: a session left
     /// inside a transaction (its client frozen or gone) is ended and its locks released.
+    #[serde(deserialize_with = "strict::integer")]
     pub idle_in_transaction_timeout_ms: u64,
     /// TCP keepalive of every connection: first probe after this long idle,
+    #[serde(deserialize_with = "strict::integer")]
     pub keepalives_idle_ms: u64,
     /// then one probe per this interval,
+    #[serde(deserialize_with = "strict::integer")]
     pub keepalives_interval_ms: u64,
     /// and the connection is dropped after this many unanswered probes.
+    #[serde(deserialize_with = "strict::integer")]
     pub keepalives_retries: u32,
     /// Data sent and not acknowledged for this long drops the connection (`TCP_USER_TIMEOUT`).
+    #[serde(deserialize_with = "strict::integer")]
     pub tcp_user_timeout_ms: u64,
     pub migrate_on_start: bool,
     /// Longest one attempt at applying the migrations may take (waiting for another replica's
     /// migration lock included), client side: a hung connection then gives way to a new
     /// attempt on a fresh one.
+    #[serde(deserialize_with = "strict::integer")]
     pub migration_timeout_ms: u64,
 }
 
@@ -99,6 +110,7 @@ pub struct KafkaSettings {
     pub client_id: String,
     /// The consumer group protocol: Kafka's `classic` one, or KIP-848's `consumer` (the broker
     /// assigns partitions; Kafka 4.0 and later).
+    #[serde(deserialize_with = "strict::choice")]
     pub group_protocol: GroupProtocol,
     /// The broker's assignor under the `consumer` protocol (`uniform`, `range`); empty for the
     /// broker's default. Refused under `classic`.
@@ -108,17 +120,29 @@ pub struct KafkaSettings {
     pub group_instance_id: String,
     /// The classic protocol's session timeout. Optional so that setting it under the `consumer`
     /// protocol (where the broker owns it) is told apart from the default and refused.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "strict::optional_integer")]
     pub session_timeout_ms: Option<u64>,
     /// How often the client refreshes topic metadata (`topic.metadata.refresh.interval.ms`):
     /// the bound on how soon a topic created later, or partitions added to one, are consumed.
+    #[serde(deserialize_with = "strict::integer")]
     pub metadata_refresh_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub revoke_timeout_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub statistics_interval_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub fetch_wait_max_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub fetch_queue_kbytes: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub fetch_queue_messages: u64,
+    /// The most a record batch of the consumed topics decompresses by: fetch requests are sized
+    /// so that a response from every broker, decompressed, fits in the client's share of the
+    /// budget even at this ratio (`history_fetch_compression_ratio` shows the topics' own).
+    #[serde(deserialize_with = "strict::integer")]
+    pub max_compression_ratio: u64,
     /// Repeats of one client error within this long are summarised in one line.
+    #[serde(deserialize_with = "strict::integer")]
     pub error_log_interval_ms: u64,
     /// librdkafka properties passed through verbatim; values may be secrets.
     #[serde(default)]
@@ -129,8 +153,7 @@ pub struct KafkaSettings {
 }
 
 /// The consumer group protocol (`kafka.group_protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GroupProtocol {
     /// Kafka's original protocol: the group's leader assigns, the members rebalance together
     /// (cooperatively by default).
@@ -138,6 +161,13 @@ pub enum GroupProtocol {
     /// KIP-848 (GA in Kafka 4.0): the broker assigns, each member reconciles on its own
     /// heartbeat; the session timeout, heartbeat interval and assignor are the broker's.
     Consumer,
+}
+
+impl strict::Choice for GroupProtocol {
+    const CHOICES: &'static [(&'static str, Self)] = &[
+        ("classic", GroupProtocol::Classic),
+        ("consumer", GroupProtocol::Consumer),
+    ];
 }
 
 impl GroupProtocol {
@@ -171,36 +201,156 @@ const NOT_UNDER_CONSUMER: [(&str, &str); 4] = [
     ("group.protocol.type", "it belongs to the classic protocol"),
 ];
 
-/// librdkafka properties that have a key of their own, which validation checks.
-const OWN_KEYS: [(&str, &str); 4] = [
-    ("group.protocol", "kafka.group_protocol"),
-    ("group.remote.assignor", "kafka.remote_assignor"),
-    ("group.instance.id", "kafka.group_instance_id"),
+/// Why a pass-through librdkafka property is refused.
+#[derive(Debug, Clone, Copy)]
+enum Guarded {
+    /// The service sets it from a key of its own (checked at start-up): set that instead.
+    Own(&'static str),
+    /// The service sets it, for the reason given.
+    Set(&'static str),
+    /// Only these values keep an offset guard on; any other is refused for the reason given.
+    Only(&'static [&'static str], &'static str),
+}
+
+/// What the budget sets the prefetch's sizes from.
+const FROM_THE_BUDGET: &str = "pipeline.max_in_flight_bytes (with kafka.max_compression_ratio)";
+
+/// Pass-through properties that would override a setting of the service's own or switch one of
+/// its offset guards off; refused at start-up, naming what to do instead.
+const GUARDED: [(&str, Guarded); 26] = [
+    ("bootstrap.servers", Guarded::Own("kafka.brokers")),
+    ("metadata.broker.list", Guarded::Own("kafka.brokers")),
+    ("group.id", Guarded::Own("kafka.group_id")),
+    ("client.id", Guarded::Own("kafka.client_id")),
+    ("group.protocol", Guarded::Own("kafka.group_protocol")),
+    (
+        "group.remote.assignor",
+        Guarded::Own("kafka.remote_assignor"),
+    ),
+    ("group.instance.id", Guarded::Own("kafka.group_instance_id")),
     (
         "topic.metadata.refresh.interval.ms",
-        "kafka.metadata_refresh_ms",
+        Guarded::Own("kafka.metadata_refresh_ms"),
+    ),
+    (
+        "statistics.interval.ms",
+        Guarded::Own("kafka.statistics_interval_ms"),
+    ),
+    ("fetch.wait.max.ms", Guarded::Own("kafka.fetch_wait_max_ms")),
+    (
+        "queued.max.messages.kbytes",
+        Guarded::Own("kafka.fetch_queue_kbytes"),
+    ),
+    (
+        "queued.min.messages",
+        Guarded::Own("kafka.fetch_queue_messages"),
+    ),
+    ("fetch.max.bytes", Guarded::Own(FROM_THE_BUDGET)),
+    ("max.partition.fetch.bytes", Guarded::Own(FROM_THE_BUDGET)),
+    ("fetch.message.max.bytes", Guarded::Own(FROM_THE_BUDGET)),
+    ("message.max.bytes", Guarded::Own(FROM_THE_BUDGET)),
+    ("receive.message.max.bytes", Guarded::Own(FROM_THE_BUDGET)),
+    (
+        "auto.commit.interval.ms",
+        Guarded::Own("pipeline.commit_interval_ms"),
+    ),
+    (
+        "fetch.queue.backoff.ms",
+        Guarded::Set(
+            "the service sets it so that a backlog is fetched again as soon as the prefetch \
+             queue has room",
+        ),
+    ),
+    (
+        "enable.auto.commit",
+        Guarded::Set(
+            "the service commits only positions whose records are written; librdkafka's own \
+             commits would cover records not written yet, lost after a crash",
+        ),
+    ),
+    (
+        "auto.commit.enable",
+        Guarded::Set(
+            "the service commits only positions whose records are written; librdkafka's own \
+             commits would cover records not written yet, lost after a crash",
+        ),
+    ),
+    (
+        "enable.auto.offset.store",
+        Guarded::Set(
+            "the service stores only positions whose records are written; offsets stored as \
+             records are handed out would be committed past records not written yet",
+        ),
+    ),
+    (
+        "offset.store.method",
+        Guarded::Set("offsets are kept by the brokers, committed by the service"),
+    ),
+    (
+        "enable.partition.eof",
+        Guarded::Set("the service reads each partition as a stream without an end"),
+    ),
+    (
+        "isolation.level",
+        Guarded::Only(
+            &["read_committed"],
+            "read_uncommitted would record the events of aborted producer transactions: \
+             events that never happened",
+        ),
+    ),
+    (
+        "auto.offset.reset",
+        Guarded::Only(
+            &["earliest", "smallest", "beginning"],
+            "a projection starts from the earliest record: a new group would skip the history \
+             it has not read (latest), or stop consuming (error)",
+        ),
+    ),
+];
+
+/// Properties the classic protocol's settings derive, refused under it.
+const SET_UNDER_CLASSIC: [(&str, Guarded); 2] = [
+    (
+        "session.timeout.ms",
+        Guarded::Own("kafka.session_timeout_ms"),
+    ),
+    (
+        "heartbeat.interval.ms",
+        Guarded::Set("the service sets it to a third of kafka.session_timeout_ms (at most 3 s)"),
     ),
 ];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PipelineSettings {
+    #[serde(deserialize_with = "strict::integer")]
     pub writers: usize,
+    #[serde(deserialize_with = "strict::integer")]
     pub batch_max_events: usize,
+    #[serde(deserialize_with = "strict::integer")]
     pub batch_linger_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub max_in_flight_per_partition: usize,
     /// Records held in all partitions together before the service stops taking more from the
     /// Kafka client (which then keeps what it prefetched).
+    #[serde(deserialize_with = "strict::integer")]
     pub max_in_flight: usize,
     /// The instance's memory for fetched records, in bytes: half for what the service holds,
     /// half for the Kafka client's prefetch ([`PipelineSettings::budget`]).
+    #[serde(deserialize_with = "strict::integer")]
     pub max_in_flight_bytes: usize,
+    #[serde(deserialize_with = "strict::integer")]
     pub commit_interval_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub retry_initial_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub retry_max_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub shutdown_timeout_ms: u64,
+    #[serde(deserialize_with = "strict::integer")]
     pub max_payload_bytes: usize,
     /// How long every write may keep failing before `/readyz` says the service is not ready.
+    #[serde(deserialize_with = "strict::integer")]
     pub unready_after_failing_ms: u64,
 }
 
@@ -211,16 +361,21 @@ pub struct HttpSettings {
     pub enabled: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Human,
     Json,
 }
 
+impl strict::Choice for LogFormat {
+    const CHOICES: &'static [(&'static str, Self)] =
+        &[("human", LogFormat::Human), ("json", LogFormat::Json)];
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
+    #[serde(deserialize_with = "strict::choice")]
     pub format: LogFormat,
     pub filter: String,
 }
@@ -257,6 +412,15 @@ impl Settings {
             }
             builder = builder.add_source(config::File::from(path.to_path_buf()).required(true));
         }
+        match &environment {
+            Some(variables) => property_variables(variables.keys().map(String::as_str))?,
+            None => {
+                let names: Vec<String> = std::env::vars_os()
+                    .filter_map(|(name, _)| name.into_string().ok())
+                    .collect();
+                property_variables(names.iter().map(String::as_str))?
+            }
+        }
         builder = builder.add_source(
             config::Environment::with_prefix(ENV_PREFIX)
                 .separator("__")
@@ -268,10 +432,24 @@ impl Settings {
         let raw = builder
             .build()
             .map_err(|err| ConfigError::Load(err.to_string()))?;
-        let mut settings: Settings = raw
-            .try_deserialize()
-            .map_err(|err| ConfigError::Load(err.to_string()))?;
+        let mut settings: Settings = raw.try_deserialize().map_err(|err| {
+            let text = err.to_string();
+            if text.contains("invalid type: map") && text.contains("kafka.propert") {
+                // `[kafka.properties.security] protocol = …`: a dotted name read as tables.
+                ConfigError::Load(format!(
+                    "{text}: a librdkafka property is one key, its name quoted \
+                     (\"security.protocol\" = \"SASL_SSL\" under [kafka.properties]), or from \
+                     the environment with one underscore for each dot \
+                     (HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL)"
+                ))
+            } else {
+                ConfigError::Load(text)
+            }
+        })?;
         settings.kafka.properties = normalize_properties(settings.kafka.properties);
+        for topic in &mut settings.kafka.topics {
+            *topic = topic.trim().to_owned();
+        }
         settings.kafka.property_files = settings
             .kafka
             .property_files
@@ -295,9 +473,11 @@ impl Settings {
                 ),
             ));
         }
-        positive(
+        bounded_ms(
             "database.connect_timeout_ms",
             self.database.connect_timeout_ms,
+            1,
+            HOUR_MS,
         )?;
         self.database.validate_limits()?;
 
@@ -306,15 +486,42 @@ impl Settings {
         if kafka.group_id.trim().is_empty() {
             return Err(ConfigError::invalid("kafka.group_id", "must not be empty"));
         }
-        if kafka.topics.is_empty() || kafka.topics.iter().any(|t| t.trim().is_empty()) {
+        if kafka.topics.is_empty() {
             return Err(ConfigError::invalid(
                 "kafka.topics",
-                "must list at least one topic, none empty",
+                "must list at least one topic",
             ));
         }
+        for topic in &kafka.topics {
+            validate_topic(topic)?;
+        }
         kafka.validate_group()?;
-        positive("kafka.revoke_timeout_ms", kafka.revoke_timeout_ms)?;
-        positive("kafka.error_log_interval_ms", kafka.error_log_interval_ms)?;
+        kafka.validate_prefetch(&self.pipeline)?;
+        bounded_ms(
+            "kafka.revoke_timeout_ms",
+            kafka.revoke_timeout_ms,
+            1,
+            10 * MINUTE_MS,
+        )?;
+        bounded_ms(
+            "kafka.error_log_interval_ms",
+            kafka.error_log_interval_ms,
+            1,
+            DAY_MS,
+        )?;
+        bounded_ms(
+            "kafka.statistics_interval_ms",
+            kafka.statistics_interval_ms,
+            0,
+            DAY_MS,
+        )?;
+        // librdkafka's own range.
+        bounded_ms(
+            "kafka.fetch_wait_max_ms",
+            kafka.fetch_wait_max_ms,
+            0,
+            300_000,
+        )?;
 
         let pipeline = &self.pipeline;
         in_range("pipeline.writers", pipeline.writers, 1, 256)?;
@@ -342,23 +549,48 @@ impl Settings {
             MIN_BUDGET_BYTES,
             1 << 40,
         )?;
-        positive("pipeline.commit_interval_ms", pipeline.commit_interval_ms)?;
-        positive("pipeline.retry_initial_ms", pipeline.retry_initial_ms)?;
+        bounded_ms(
+            "pipeline.batch_linger_ms",
+            pipeline.batch_linger_ms,
+            0,
+            MINUTE_MS,
+        )?;
+        bounded_ms(
+            "pipeline.commit_interval_ms",
+            pipeline.commit_interval_ms,
+            1,
+            HOUR_MS,
+        )?;
+        bounded_ms(
+            "pipeline.retry_initial_ms",
+            pipeline.retry_initial_ms,
+            1,
+            HOUR_MS,
+        )?;
         if pipeline.retry_max_ms < pipeline.retry_initial_ms {
             return Err(ConfigError::invalid(
                 "pipeline.retry_max_ms",
                 "must not be less than pipeline.retry_initial_ms",
             ));
         }
+        bounded_ms("pipeline.retry_max_ms", pipeline.retry_max_ms, 1, HOUR_MS)?;
+        bounded_ms(
+            "pipeline.shutdown_timeout_ms",
+            pipeline.shutdown_timeout_ms,
+            1,
+            HOUR_MS,
+        )?;
         in_range(
             "pipeline.max_payload_bytes",
             pipeline.max_payload_bytes,
             64,
             64 << 20,
         )?;
-        positive(
+        bounded_ms(
             "pipeline.unready_after_failing_ms",
             pipeline.unready_after_failing_ms,
+            1,
+            DAY_MS,
         )?;
 
         self.http.listen_addr()?;
@@ -377,11 +609,31 @@ impl Settings {
     }
 }
 
-fn positive(key: &'static str, value: u64) -> Result<(), ConfigError> {
-    if value == 0 {
-        return Err(ConfigError::invalid(key, "must be greater than 0"));
+const MINUTE_MS: u64 = 60_000;
+const HOUR_MS: u64 = 60 * MINUTE_MS;
+const DAY_MS: u64 = 24 * HOUR_MS;
+
+/// Kafka's rule for a topic's name: 1 to 249 of a-z, A-Z, 0-9, '.', '_' and '-', and not `.`
+/// or `..`. (Names are trimmed before: a list from the environment is often written with a
+/// space after its commas.)
+fn validate_topic(topic: &str) -> Result<(), ConfigError> {
+    let valid = !topic.is_empty()
+        && topic.len() <= 249
+        && topic != "."
+        && topic != ".."
+        && topic
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if valid {
+        return Ok(());
     }
-    Ok(())
+    Err(ConfigError::invalid(
+        "kafka.topics",
+        format!(
+            "`{topic}` is not a Kafka topic name: 1 to 249 of a-z, A-Z, 0-9, '.', '_' and '-' \
+             (not `.` or `..`)"
+        ),
+    ))
 }
 
 fn bounded_ms(key: &'static str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
@@ -454,6 +706,40 @@ fn validate_brokers(brokers: &str) -> Result<(), ConfigError> {
                 )));
             }
             Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// An environment variable for a librdkafka property takes one underscore for each dot of the
+/// property's name (`HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL`); a double one, as every
+/// other key takes, would be read as a table and refused with a baffling type error — so it
+/// is refused here, with the right spelling.
+fn property_variables<'a>(names: impl Iterator<Item = &'a str>) -> Result<(), ConfigError> {
+    for name in names {
+        for section in ["PROPERTIES", "PROPERTY_FILES"] {
+            let prefix = format!("{ENV_PREFIX}__KAFKA__{section}__");
+            let Some(property) = name
+                .get(..prefix.len())
+                .filter(|head| head.eq_ignore_ascii_case(&prefix))
+                .map(|_| &name[prefix.len()..])
+            else {
+                continue;
+            };
+            if property.contains("__") {
+                let right = format!("{prefix}{}", property.replace("__", "_"));
+                return Err(ConfigError::InvalidProperty {
+                    key: name.to_owned(),
+                    reason: format!(
+                        "a librdkafka property takes one underscore for each dot of its name: \
+                         write {right} (for {})",
+                        property
+                            .replace("__", "_")
+                            .replace('_', ".")
+                            .to_ascii_lowercase()
+                    ),
+                });
+            }
         }
     }
     Ok(())
@@ -623,13 +909,30 @@ impl KafkaSettings {
                 None
             }
         };
-        for (property, own) in OWN_KEYS {
-            if let Some(key) = passed_through(property) {
-                return Err(ConfigError::InvalidProperty {
-                    key,
-                    reason: format!("set it with `{own}`, which is checked at start-up"),
-                });
-            }
+        let classic = match self.group_protocol {
+            GroupProtocol::Classic => &SET_UNDER_CLASSIC[..],
+            GroupProtocol::Consumer => &[],
+        };
+        for (property, guard) in GUARDED.iter().chain(classic) {
+            let Some(key) = passed_through(property) else {
+                continue;
+            };
+            let reason = match *guard {
+                Guarded::Own(own) => format!("set it with `{own}`, which is checked at start-up"),
+                Guarded::Set(why) => format!("the service sets this itself: {why}; remove it"),
+                Guarded::Only(allowed, why) => {
+                    let value = self.properties.get(*property).map(|value| {
+                        secrecy::ExposeSecret::expose_secret(value)
+                            .trim()
+                            .to_ascii_lowercase()
+                    });
+                    if value.is_some_and(|value| allowed.contains(&value.as_str())) {
+                        continue;
+                    }
+                    format!("only {} is accepted: {why}", allowed.join(" or "))
+                }
+            };
+            return Err(ConfigError::InvalidProperty { key, reason });
         }
         match self.group_protocol {
             GroupProtocol::Classic => {
@@ -693,6 +996,39 @@ impl KafkaSettings {
             3_600_000,
         )?;
         Ok(())
+    }
+
+    /// The prefetch settings: librdkafka's queue may be given explicitly, but only within the
+    /// client's share of the budget, which the fetch sizing relies on.
+    fn validate_prefetch(&self, pipeline: &PipelineSettings) -> Result<(), ConfigError> {
+        let split = pipeline.budget();
+        if self.fetch_queue_kbytes > split.queue_kbytes as u64 {
+            return Err(ConfigError::invalid(
+                "kafka.fetch_queue_kbytes",
+                format!(
+                    "{} KiB is more than the Kafka client's queue may hold within \
+                     pipeline.max_in_flight_bytes (a quarter of it: {} KiB); raise \
+                     pipeline.max_in_flight_bytes instead, or leave it 0",
+                    self.fetch_queue_kbytes, split.queue_kbytes
+                ),
+            ));
+        }
+        if self.fetch_queue_messages > pipeline.max_in_flight as u64 {
+            return Err(ConfigError::invalid(
+                "kafka.fetch_queue_messages",
+                format!(
+                    "{} records is more than the whole budget in records \
+                     (pipeline.max_in_flight = {}); raise that instead, or leave it 0",
+                    self.fetch_queue_messages, pipeline.max_in_flight
+                ),
+            ));
+        }
+        bounded_ms(
+            "kafka.max_compression_ratio",
+            self.max_compression_ratio,
+            1,
+            1000,
+        )
     }
 
     pub fn metadata_refresh(&self) -> Duration {
@@ -949,6 +1285,267 @@ mod tests {
             .map(String::as_str)
             .collect();
         assert_eq!(keys, vec!["sasl.mechanisms", "security.protocol"]);
+    }
+
+    #[test]
+    fn counts_are_whole_numbers_from_a_file_and_from_the_environment() {
+        let mut file = tempfile();
+        writeln!(file.1, "[pipeline]\nwriters = 4.5").unwrap();
+        let err = Settings::read_from(Some(&file.0), env(&[])).unwrap_err();
+        std::fs::remove_file(&file.0).unwrap();
+        assert!(err.to_string().contains("pipeline.writers"), "{err}");
+        assert!(err.to_string().contains("whole number"), "{err}");
+        for (variable, value) in [
+            ("HISTORY__PIPELINE__WRITERS", "true"),
+            ("HISTORY__PIPELINE__WRITERS", "2.6"),
+            ("HISTORY__PIPELINE__SHUTDOWN_TIMEOUT_MS", "1e30"),
+            ("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "3000.5"),
+        ] {
+            let err = read(&[(variable, value)]).unwrap_err();
+            assert!(
+                err.to_string().contains("whole number"),
+                "{variable}={value}: {err}"
+            );
+        }
+        assert_eq!(
+            read(&[("HISTORY__PIPELINE__WRITERS", "3")])
+                .unwrap()
+                .pipeline
+                .writers,
+            3
+        );
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_naming_the_key() {
+        for (variable, key) in [
+            (
+                "HISTORY__PIPELINE__SHUTDOWN_TIMEOUT_MS",
+                "pipeline.shutdown_timeout_ms",
+            ),
+            (
+                "HISTORY__PIPELINE__COMMIT_INTERVAL_MS",
+                "pipeline.commit_interval_ms",
+            ),
+            (
+                "HISTORY__PIPELINE__BATCH_LINGER_MS",
+                "pipeline.batch_linger_ms",
+            ),
+            (
+                "HISTORY__KAFKA__REVOKE_TIMEOUT_MS",
+                "kafka.revoke_timeout_ms",
+            ),
+            (
+                "HISTORY__KAFKA__FETCH_WAIT_MAX_MS",
+                "kafka.fetch_wait_max_ms",
+            ),
+            (
+                "HISTORY__DATABASE__CONNECT_TIMEOUT_MS",
+                "database.connect_timeout_ms",
+            ),
+        ] {
+            assert_eq!(
+                refusal(read(&[(variable, "1000000000000000")])).0,
+                key,
+                "{variable}"
+            );
+        }
+    }
+
+    #[test]
+    fn topic_names_are_trimmed_and_checked_against_kafkas_rules() {
+        let settings =
+            read(&[("HISTORY__KAFKA__TOPICS", "tickets.status.v1, other_topic")]).unwrap();
+        assert_eq!(
+            settings.kafka.topics,
+            vec!["tickets.status.v1", "other_topic"]
+        );
+        for bad in [
+            "two words",
+            "a/b",
+            "..",
+            &"t".repeat(250),
+            "tickets.status.v1,,x",
+        ] {
+            let (key, reason) = refusal(read(&[("HISTORY__KAFKA__TOPICS", bad)]));
+            assert_eq!(key, "kafka.topics", "{bad}");
+            assert!(reason.contains("not a Kafka topic name"), "{bad}: {reason}");
+        }
+    }
+
+    #[test]
+    fn a_choice_takes_any_case_and_an_unknown_one_lists_the_choices() {
+        let settings = read(&[
+            ("HISTORY__KAFKA__GROUP_PROTOCOL", "Consumer"),
+            ("HISTORY__LOG__FORMAT", "JSON"),
+        ])
+        .unwrap();
+        assert_eq!(settings.kafka.group_protocol, GroupProtocol::Consumer);
+        assert_eq!(settings.log.format, LogFormat::Json);
+        let err = read(&[("HISTORY__KAFKA__GROUP_PROTOCOL", "kip848")]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("classic, consumer") && text.contains("kafka.group_protocol"),
+            "{text}"
+        );
+        let err = read(&[("HISTORY__LOG__FORMAT", "xml")]).unwrap_err();
+        assert!(err.to_string().contains("human, json"), "{err}");
+    }
+
+    #[test]
+    fn properties_that_would_switch_a_guard_off_or_override_a_key_are_refused() {
+        for (variable, value, key, says) in [
+            (
+                "ENABLE_AUTO_COMMIT",
+                "true",
+                "enable.auto.commit",
+                "remove it",
+            ),
+            (
+                "ENABLE_AUTO_OFFSET_STORE",
+                "true",
+                "enable.auto.offset.store",
+                "remove it",
+            ),
+            (
+                "ENABLE_PARTITION_EOF",
+                "true",
+                "enable.partition.eof",
+                "remove it",
+            ),
+            (
+                "ISOLATION_LEVEL",
+                "read_uncommitted",
+                "isolation.level",
+                "aborted",
+            ),
+            (
+                "AUTO_OFFSET_RESET",
+                "latest",
+                "auto.offset.reset",
+                "earliest",
+            ),
+            (
+                "AUTO_OFFSET_RESET",
+                "error",
+                "auto.offset.reset",
+                "earliest",
+            ),
+            ("GROUP_ID", "other", "group.id", "kafka.group_id"),
+            (
+                "BOOTSTRAP_SERVERS",
+                "k:9092",
+                "bootstrap.servers",
+                "kafka.brokers",
+            ),
+            (
+                "METADATA_BROKER_LIST",
+                "k:9092",
+                "metadata.broker.list",
+                "kafka.brokers",
+            ),
+            ("CLIENT_ID", "x", "client.id", "kafka.client_id"),
+            (
+                "STATISTICS_INTERVAL_MS",
+                "100",
+                "statistics.interval.ms",
+                "kafka.statistics_interval_ms",
+            ),
+            (
+                "FETCH_MAX_BYTES",
+                "52428800",
+                "fetch.max.bytes",
+                "pipeline.max_in_flight_bytes",
+            ),
+            (
+                "MAX_PARTITION_FETCH_BYTES",
+                "1048576",
+                "max.partition.fetch.bytes",
+                "pipeline.max_in_flight_bytes",
+            ),
+            (
+                "QUEUED_MAX_MESSAGES_KBYTES",
+                "65536",
+                "queued.max.messages.kbytes",
+                "kafka.fetch_queue_kbytes",
+            ),
+            (
+                "QUEUED_MIN_MESSAGES",
+                "100000",
+                "queued.min.messages",
+                "kafka.fetch_queue_messages",
+            ),
+            (
+                "SESSION_TIMEOUT_MS",
+                "45000",
+                "session.timeout.ms",
+                "kafka.session_timeout_ms",
+            ),
+        ] {
+            let variable = format!("HISTORY__KAFKA__PROPERTIES__{variable}");
+            let (refused, reason) = refusal(read(&[(&variable, value)]));
+            assert_eq!(refused, format!("kafka.properties.{key}"), "{variable}");
+            assert!(reason.contains(says), "{variable}: {reason}");
+        }
+        // The values that keep the guards on are accepted.
+        read(&[
+            (
+                "HISTORY__KAFKA__PROPERTIES__ISOLATION_LEVEL",
+                "read_committed",
+            ),
+            ("HISTORY__KAFKA__PROPERTIES__AUTO_OFFSET_RESET", "Earliest"),
+        ])
+        .unwrap();
+    }
+
+    #[test]
+    fn the_prefetch_may_be_set_only_within_the_clients_share_of_the_budget() {
+        // 32 MiB: the client's queue may hold an eighth, 4 MiB; the records, 8,000.
+        read(&[("HISTORY__KAFKA__FETCH_QUEUE_KBYTES", "4096")]).unwrap();
+        let (key, reason) = refusal(read(&[("HISTORY__KAFKA__FETCH_QUEUE_KBYTES", "4097")]));
+        assert_eq!(key, "kafka.fetch_queue_kbytes");
+        assert!(reason.contains("pipeline.max_in_flight_bytes"), "{reason}");
+        read(&[("HISTORY__KAFKA__FETCH_QUEUE_MESSAGES", "8000")]).unwrap();
+        let (key, reason) = refusal(read(&[("HISTORY__KAFKA__FETCH_QUEUE_MESSAGES", "8001")]));
+        assert_eq!(key, "kafka.fetch_queue_messages");
+        assert!(reason.contains("pipeline.max_in_flight"), "{reason}");
+        for ratio in ["0", "1001"] {
+            assert_eq!(
+                refusal(read(&[("HISTORY__KAFKA__MAX_COMPRESSION_RATIO", ratio)])).0,
+                "kafka.max_compression_ratio"
+            );
+        }
+        let settings = read(&[]).unwrap();
+        assert_eq!(settings.kafka.max_compression_ratio, 10);
+    }
+
+    #[test]
+    fn a_property_variable_with_double_underscores_is_refused_with_the_right_spelling() {
+        let (key, reason) = refusal(read(&[(
+            "HISTORY__KAFKA__PROPERTIES__SECURITY__PROTOCOL",
+            "SASL_SSL",
+        )]));
+        assert_eq!(key, "HISTORY__KAFKA__PROPERTIES__SECURITY__PROTOCOL");
+        assert!(
+            reason.contains("write HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL"),
+            "{reason}"
+        );
+        assert!(reason.contains("security.protocol"), "{reason}");
+        let (key, _) = refusal(read(&[(
+            "HISTORY__KAFKA__PROPERTY_FILES__SASL__PASSWORD",
+            "/run/secrets/kafka",
+        )]));
+        assert_eq!(key, "HISTORY__KAFKA__PROPERTY_FILES__SASL__PASSWORD");
+    }
+
+    #[test]
+    fn a_property_written_as_a_table_in_a_file_is_told_how_to_write_it() {
+        let mut file = tempfile();
+        writeln!(file.1, "[kafka.properties.security]\nprotocol = \"SSL\"").unwrap();
+        let err = Settings::read_from(Some(&file.0), env(&[])).unwrap_err();
+        std::fs::remove_file(&file.0).unwrap();
+        let text = err.to_string();
+        assert!(text.contains("\"security.protocol\" = "), "{text}");
     }
 
     #[test]

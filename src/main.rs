@@ -6,5 +6,6 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
+    history_service::kafka::client_memory::tune_allocator();
     history_service::cli::main()
 }

@@ -27,6 +27,9 @@ pub const IN_FLIGHT: &str = "history_in_flight";
 pub const HELD_RECORDS: &str = "history_held_records";
 /// `pipeline.max_in_flight`, so dashboards can compare `history_held_records` with it.
 pub const HELD_RECORDS_LIMIT: &str = "history_held_records_limit";
+/// The most records held at once since start-up: how much of `pipeline.max_in_flight` a
+/// backlog really used (and proof that it never passed it).
+pub const HELD_RECORDS_PEAK: &str = "history_held_records_peak";
 /// The bytes of those records (keys, payloads and a fixed overhead each): what the service's
 /// half of `pipeline.max_in_flight_bytes` bounds.
 pub const HELD_BYTES: &str = "history_held_bytes";
@@ -40,6 +43,9 @@ pub const PARTITION_PAUSES_TOTAL: &str = "history_partition_pauses_total";
 /// them before they were processed): how often it happened, and how many records were lost.
 pub const OFFSET_RESETS_TOTAL: &str = "history_offset_resets_total";
 pub const OFFSET_RESET_SKIPPED_RECORDS_TOTAL: &str = "history_offset_reset_skipped_records_total";
+/// Times a partition's log moved back within one assignment (a topic created again, a log
+/// truncated): the records from there on were processed as new, and its position went back.
+pub const OFFSET_REWINDS_TOTAL: &str = "history_offset_rewinds_total";
 /// 1 while an event the database keeps rejecting holds its partition's position; labels name
 /// topic, partition, offset, event_id and the server's SQLSTATE. 0 once it resolved.
 pub const STUCK_EVENT: &str = "history_stuck_event";
@@ -55,6 +61,29 @@ pub const DB_TIMEOUTS_TOTAL: &str = "history_db_timeouts_total";
 /// Client errors of librdkafka, by error name (the logs aggregate repeats of one error).
 pub const KAFKA_CLIENT_ERRORS_TOTAL: &str = "history_kafka_client_errors_total";
 
+/// 1 while a partition stands still at a record batch the Kafka client cannot decompress
+/// (labels: topic, partition, the batch's offset, its codec); 0 once it moved past it.
+pub const UNDECODABLE_BATCH: &str = "history_undecodable_batch";
+/// Records below the group's committed position whose trace (inbox marker, dead letter) the
+/// database lacks, among the newest checked when the partition was assigned: above 0, the
+/// database was restored from a backup or emptied while the group's offsets stayed.
+pub const DATABASE_BEHIND: &str = "history_database_behind";
+/// 1 while no Kafka broker answers the client (librdkafka reported every broker down), else 0.
+pub const KAFKA_UNREACHABLE: &str = "history_kafka_unreachable";
+/// Brokers of the cluster the Kafka client knows of (from its statistics).
+pub const KAFKA_BROKERS: &str = "history_kafka_brokers";
+/// The brokers the consumer's fetch requests were sized for at start-up.
+pub const FETCH_SIZED_BROKERS: &str = "history_fetch_sized_brokers";
+/// How much the fetched record batches decompressed by, over the last statistics interval.
+pub const FETCH_COMPRESSION_RATIO: &str = "history_fetch_compression_ratio";
+/// `kafka.max_compression_ratio`, the ratio the fetch requests were sized for.
+pub const FETCH_COMPRESSION_RATIO_LIMIT: &str = "history_fetch_compression_ratio_limit";
+/// What the Kafka client holds in memory: glibc's heap in use, which only librdkafka (and the
+/// C libraries it uses) allocates from.
+pub const KAFKA_CLIENT_HEAP_BYTES: &str = "history_kafka_client_heap_bytes";
+/// The client's half of `pipeline.max_in_flight_bytes`: its queue and its fetch responses.
+pub const KAFKA_CLIENT_HEAP_LIMIT: &str = "history_kafka_client_heap_limit";
+
 /// 1, labelled with the consumer group protocol that runs (`classic`, `consumer`) and the
 /// membership (`static` with `kafka.group_instance_id`, else `dynamic`).
 pub const GROUP_PROTOCOL_INFO: &str = "history_group_protocol_info";
@@ -64,7 +93,7 @@ pub const TOPIC_MISSING: &str = "history_topic_missing";
 /// Label values of `history_rebalances_total{kind}`.
 pub const REBALANCE_KINDS: [&str; 3] = ["assign", "revoke", "lost"];
 /// Label values of `history_offset_commits_total{result}`.
-pub const COMMIT_RESULTS: [&str; 2] = ["ok", "error"];
+pub const COMMIT_RESULTS: [&str; 3] = ["ok", "error", "held"];
 
 /// Gives every family its HELP text and starts the counters whose labels are known in advance
 /// at 0, so that `/metrics` shows them before their first event and alerts on `increase()` see
@@ -113,6 +142,10 @@ pub fn register_families() {
     );
     describe_gauge!(HELD_RECORDS_LIMIT, "pipeline.max_in_flight.");
     describe_gauge!(
+        HELD_RECORDS_PEAK,
+        "The most records held at once since start-up."
+    );
+    describe_gauge!(
         HELD_BYTES,
         "Bytes of the records taken from Kafka whose outcome is not known yet."
     );
@@ -125,6 +158,10 @@ pub fn register_families() {
         "Times the budget stayed full and every partition's fetching was paused."
     );
     describe_gauge!(ASSIGNED_PARTITIONS, "Partitions assigned to this replica.");
+    describe_gauge!(
+        DATABASE_BEHIND,
+        "Records below the committed position whose trace the database lacks (checked at assignment)."
+    );
     describe_counter!(
         PARTITION_PAUSES_TOTAL,
         "Times a partition's window filled and its fetching was paused."
@@ -136,6 +173,10 @@ pub fn register_families() {
     describe_counter!(
         OFFSET_RESET_SKIPPED_RECORDS_TOTAL,
         "Records skipped by offset resets: lost to the projection."
+    );
+    describe_counter!(
+        OFFSET_REWINDS_TOTAL,
+        "Times the partition's log moved back within one assignment (re-created, truncated)."
     );
     describe_gauge!(
         STUCK_EVENT,
@@ -163,7 +204,40 @@ pub fn register_families() {
         KAFKA_CLIENT_ERRORS_TOTAL,
         "Errors reported by the Kafka client, by error name."
     );
+    describe_gauge!(
+        UNDECODABLE_BATCH,
+        "1 while the partition stands still at a record batch the client cannot decompress."
+    );
+    describe_gauge!(
+        KAFKA_UNREACHABLE,
+        "1 while no Kafka broker answers the client, else 0."
+    );
+    describe_gauge!(
+        KAFKA_BROKERS,
+        "Brokers of the cluster the Kafka client knows of."
+    );
+    describe_gauge!(
+        FETCH_SIZED_BROKERS,
+        "Brokers the consumer's fetch requests were sized for at start-up."
+    );
+    describe_gauge!(
+        FETCH_COMPRESSION_RATIO,
+        "Decompressed record bytes per fetched byte, over the last statistics interval."
+    );
+    describe_gauge!(
+        FETCH_COMPRESSION_RATIO_LIMIT,
+        "kafka.max_compression_ratio: the ratio the fetch requests were sized for."
+    );
+    describe_gauge!(
+        KAFKA_CLIENT_HEAP_BYTES,
+        "Bytes the Kafka client holds in memory (glibc's heap in use)."
+    );
+    describe_gauge!(
+        KAFKA_CLIENT_HEAP_LIMIT,
+        "The Kafka client's half of pipeline.max_in_flight_bytes."
+    );
 
+    set_kafka_unreachable(false);
     for counter in [
         CONFLICTING_DUPLICATES_TOTAL,
         DEAD_LETTER_CONFLICTS_TOTAL,
@@ -387,11 +461,17 @@ pub fn set_assigned_partitions(count: usize) {
     metrics::gauge!(ASSIGNED_PARTITIONS).set(count as f64);
 }
 
-/// Declares a partition's offset-reset counters at 0, so the first reset is an increase.
+/// Declares a partition's offset-reset and rewind counters at 0, so the first is an increase.
 pub fn init_offset_resets(tp: &TopicPartition) {
     let labels = partition_labels(tp);
     metrics::counter!(OFFSET_RESETS_TOTAL, &labels).increment(0);
     metrics::counter!(OFFSET_RESET_SKIPPED_RECORDS_TOTAL, &labels).increment(0);
+    metrics::counter!(OFFSET_REWINDS_TOTAL, &labels).increment(0);
+}
+
+/// A partition's log moved back within its assignment.
+pub fn offset_rewind(tp: &TopicPartition) {
+    metrics::counter!(OFFSET_REWINDS_TOTAL, &partition_labels(tp)).increment(1);
 }
 
 /// An offset reset skipped `skipped` records the broker no longer had.
@@ -424,6 +504,48 @@ pub fn set_stuck_event(
         ("sqlstate", sqlstate.to_owned()),
     ];
     metrics::gauge!(STUCK_EVENT, &labels).set(if stuck { 1.0 } else { 0.0 });
+}
+
+/// Sets `history_database_behind` for a partition just checked (0: every trace present).
+pub fn set_database_behind(tp: &TopicPartition, untraced: usize) {
+    metrics::gauge!(DATABASE_BEHIND, &partition_labels(tp)).set(untraced as f64);
+}
+
+/// Sets `history_undecodable_batch` for a batch the client cannot decompress: 1 while its
+/// partition stands still at it, 0 once it moved on (the series stays, so an alert clears).
+pub fn set_undecodable_batch(tp: &TopicPartition, offset: i64, codec: &str, stuck: bool) {
+    let [topic, partition] = partition_labels(tp);
+    let labels = [
+        topic,
+        partition,
+        ("offset", offset.to_string()),
+        ("codec", codec.to_owned()),
+    ];
+    metrics::gauge!(UNDECODABLE_BATCH, &labels).set(if stuck { 1.0 } else { 0.0 });
+}
+
+/// Whether every Kafka broker is unreachable.
+pub fn set_kafka_unreachable(unreachable: bool) {
+    metrics::gauge!(KAFKA_UNREACHABLE).set(if unreachable { 1.0 } else { 0.0 });
+}
+
+/// What the fetch requests were sized for: brokers, the compression ratio, the client's share.
+pub fn set_fetch_sizing(brokers: usize, ratio: usize, client_bytes: usize) {
+    metrics::gauge!(FETCH_SIZED_BROKERS).set(brokers as f64);
+    metrics::gauge!(FETCH_COMPRESSION_RATIO_LIMIT).set(ratio as f64);
+    metrics::gauge!(KAFKA_CLIENT_HEAP_LIMIT).set(client_bytes as f64);
+}
+
+/// What the client's statistics say of the cluster and the fetched batches, and what the
+/// client holds in memory.
+pub fn set_fetch_observed(brokers: usize, ratio: Option<f64>, heap: Option<u64>) {
+    metrics::gauge!(KAFKA_BROKERS).set(brokers as f64);
+    if let Some(ratio) = ratio {
+        metrics::gauge!(FETCH_COMPRESSION_RATIO).set(ratio);
+    }
+    if let Some(heap) = heap {
+        metrics::gauge!(KAFKA_CLIENT_HEAP_BYTES).set(heap as f64);
+    }
 }
 
 /// Failed attempts to publish a dead letter to `dead_letter.topic` (the letter is stored; the

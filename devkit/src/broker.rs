@@ -36,6 +36,8 @@ pub struct EmbeddedBroker {
     /// The client that owns the cluster (librdkafka creates it for `test.mock.num.brokers`);
     /// it never produces anything.
     owner: BaseProducer,
+    /// Brokers in the cluster.
+    brokers: i32,
 }
 
 impl EmbeddedBroker {
@@ -65,6 +67,7 @@ impl EmbeddedBroker {
         Ok(EmbeddedBroker {
             proxies: Vec::new(),
             owner,
+            brokers,
         })
     }
 
@@ -164,9 +167,107 @@ impl EmbeddedBroker {
         }
     }
 
-    /// Creates a topic (the mock cluster has no CreateTopics API).
+    /// Brokers in the cluster (their ids are 1 to this).
+    pub fn brokers(&self) -> i32 {
+        self.brokers
+    }
+
+    /// Creates a topic (the mock cluster has no CreateTopics API), replicated on up to three
+    /// brokers, partition `p` led by broker `p % brokers + 1` (the mock picks leaders at random
+    /// among the replicas).
     pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), BrokerError> {
-        self.cluster().create_topic(topic, partitions, 1)?;
+        self.cluster()
+            .create_topic(topic, partitions, self.brokers.clamp(1, 3))?;
+        if self.brokers > 1 {
+            for partition in 0..partitions {
+                self.set_leader(topic, partition, partition % self.brokers + 1)?;
+            }
+        }
         Ok(())
+    }
+
+    /// Makes broker `broker` (from 1) the leader of a partition: clients learn of it from a
+    /// NOT_LEADER_OR_FOLLOWER error or their next metadata refresh, as when Kafka moves one.
+    pub fn set_leader(&self, topic: &str, partition: i32, broker: i32) -> Result<(), BrokerError> {
+        let topic_name = std::ffi::CString::new(topic).expect("a topic name has no NUL");
+        // SAFETY: the cluster belongs to `owner`, which is alive; the name is copied.
+        let err = unsafe {
+            let cluster =
+                rdkafka_sys::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr());
+            rdkafka_sys::rd_kafka_mock_partition_set_leader(
+                cluster,
+                topic_name.as_ptr(),
+                partition,
+                broker,
+            )
+        };
+        match rdkafka::error::RDKafkaErrorCode::from(err) {
+            rdkafka::error::RDKafkaErrorCode::NoError => Ok(()),
+            code => Err(BrokerError::Kafka(rdkafka::error::KafkaError::MockCluster(
+                code,
+            ))),
+        }
+    }
+
+    /// Makes broker `broker` (from 1) answer its next requests of kind `api` with `errors`, one
+    /// each, every answer sent only after its delay: a coordinator that answers a commit late
+    /// and then says it is not the coordinator. The broker applies the requests it does not
+    /// fail at once, and answers a connection's requests in order, so the answers behind a late
+    /// one wait for it.
+    pub fn push_late_request_errors(
+        &self,
+        broker: i32,
+        api: i16,
+        errors: &[(rdkafka::types::RDKafkaRespErr, std::time::Duration)],
+    ) -> Result<(), BrokerError> {
+        for &(error, delay) in errors {
+            let rtt_ms = i32::try_from(delay.as_millis()).unwrap_or(i32::MAX);
+            // SAFETY: the cluster belongs to `owner`, which is alive; the variadic arguments
+            // are `cnt` pairs of (rd_kafka_resp_err_t, int32_t), as librdkafka reads them.
+            let err = unsafe {
+                let cluster =
+                    rdkafka_sys::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr());
+                rdkafka_sys::rd_kafka_mock_broker_push_request_error_rtts(
+                    cluster, broker, api, 1, error, rtt_ms,
+                )
+            };
+            match rdkafka::error::RDKafkaErrorCode::from(err) {
+                rdkafka::error::RDKafkaErrorCode::NoError => {}
+                code => {
+                    return Err(BrokerError::Kafka(rdkafka::error::KafkaError::MockCluster(
+                        code,
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes broker `broker` the coordinator of consumer group `group`: its members find it
+    /// from the NOT_COORDINATOR answers of the old one, as when Kafka moves a group's
+    /// coordinator with the leadership of its `__consumer_offsets` partition.
+    pub fn set_coordinator(&self, group: &str, broker: i32) -> Result<(), BrokerError> {
+        self.cluster().coordinator(
+            rdkafka::mocking::MockCoordinator::Group(group.to_owned()),
+            broker,
+        )?;
+        Ok(())
+    }
+
+    /// Takes broker `broker` out of the cluster for good: its connections are closed, and the
+    /// partitions it led are given to the brokers left.
+    pub fn decommission(&self, broker: i32) -> Result<(), BrokerError> {
+        // SAFETY: the cluster belongs to `owner`, which is alive.
+        let err = unsafe {
+            let cluster =
+                rdkafka_sys::rd_kafka_handle_mock_cluster(self.owner.client().native_ptr());
+            rdkafka_sys::rd_kafka_mock_broker_decommission(cluster, broker)
+        };
+        match rdkafka::error::RDKafkaErrorCode::from(err) {
+            rdkafka::error::RDKafkaErrorCode::NoError => Ok(()),
+            code => Err(BrokerError::Kafka(rdkafka::error::KafkaError::MockCluster(
+                code,
+            ))),
+        }
     }
 }

@@ -8,6 +8,9 @@
 //! request-errors fetch 5 not-leader  # the next 5 Fetch requests fail with that error
 //! clear-errors fetch
 //! rtt 1 250                          # broker 1 answers 250 ms late (0 to clear)
+//! leader tickets.status.v1 3 2        # broker 2 leads partition 3 from now on
+//! coordinator history 3              # broker 3 coordinates group `history` from now on
+//! decommission 1                     # broker 1 leaves the cluster for good
 //! ```
 //!
 //! With the brokers behind fault proxies (`dev-kafka --proxied`), their connections themselves:
@@ -55,6 +58,19 @@ pub enum Fault {
     ResetConnections,
     /// The brokers' proxies: delay everything forwarded, both ways.
     Latency(u64),
+    /// A partition's leadership moves to another broker.
+    Leader {
+        topic: String,
+        partition: i32,
+        broker: i32,
+    },
+    /// A consumer group's coordinator moves to another broker.
+    Coordinator {
+        group: String,
+        broker: i32,
+    },
+    /// A broker leaves the cluster; its partitions move to the others.
+    Decommission(i32),
 }
 
 /// Request kinds by Kafka's API keys (rdkafka's `RDKafkaApiKey` does not name KIP-848's).
@@ -197,6 +213,16 @@ impl std::str::FromStr for Fault {
             "refuse-connections" => Fault::RefuseConnections(switch(words.next())?),
             "reset-connections" => Fault::ResetConnections,
             "latency" => Fault::Latency(number(words.next(), "delay in ms")?),
+            "leader" => Fault::Leader {
+                topic: words.next().ok_or("missing topic")?.to_owned(),
+                partition: number(words.next(), "partition")?,
+                broker: number(words.next(), "broker id")?,
+            },
+            "coordinator" => Fault::Coordinator {
+                group: words.next().ok_or("missing group")?.to_owned(),
+                broker: number(words.next(), "broker id")?,
+            },
+            "decommission" => Fault::Decommission(number(words.next(), "broker id")?),
             other => return Err(format!("unknown command {other:?}")),
         };
         match words.next() {
@@ -250,6 +276,26 @@ impl Fault {
                     proxy.set_latency(Direction::Both, Duration::from_millis(*ms))
                 });
             }
+            Fault::Leader {
+                topic,
+                partition,
+                broker: leader,
+            } => {
+                return broker
+                    .set_leader(topic, *partition, *leader)
+                    .map_err(|err| err.to_string());
+            }
+            Fault::Coordinator {
+                group,
+                broker: coordinator,
+            } => {
+                return broker
+                    .set_coordinator(group, *coordinator)
+                    .map_err(|err| err.to_string());
+            }
+            Fault::Decommission(id) => {
+                return broker.decommission(*id).map_err(|err| err.to_string());
+            }
         };
         result.map_err(|err| err.to_string())
     }
@@ -293,6 +339,37 @@ mod tests {
                 delay_ms: 250
             })
         );
+        assert_eq!(
+            "leader tickets.status.v1 3 2".parse(),
+            Ok(Fault::Leader {
+                topic: "tickets.status.v1".into(),
+                partition: 3,
+                broker: 2
+            })
+        );
+        assert_eq!(
+            "coordinator history 3".parse(),
+            Ok(Fault::Coordinator {
+                group: "history".into(),
+                broker: 3
+            })
+        );
+        assert_eq!("decommission 1".parse(), Ok(Fault::Decommission(1)));
+    }
+
+    #[test]
+    fn moves_of_leaders_and_coordinators_apply_to_the_cluster() {
+        let broker = EmbeddedBroker::start(3).unwrap();
+        broker.create_topic("moves", 2).unwrap();
+        for command in [
+            "leader moves 1 3",
+            "coordinator some-group 2",
+            "decommission 1",
+        ] {
+            command.parse::<Fault>().unwrap().apply(&broker).unwrap();
+        }
+        let unknown = "leader moves 1 9".parse::<Fault>().unwrap().apply(&broker);
+        assert!(unknown.is_err(), "{unknown:?}");
     }
 
     #[test]

@@ -14,11 +14,24 @@ pub struct GroupInspector {
 
 impl GroupInspector {
     pub fn new(brokers: &str, group_id: &str) -> Result<Self, KafkaError> {
-        let consumer = ClientConfig::new()
+        Self::with_properties(brokers, group_id, &[])
+    }
+
+    /// [`GroupInspector::new`], with more librdkafka properties (a cluster's security).
+    pub fn with_properties(
+        brokers: &str,
+        group_id: &str,
+        properties: &[(String, String)],
+    ) -> Result<Self, KafkaError> {
+        let mut config = ClientConfig::new();
+        config
             .set("bootstrap.servers", brokers)
             .set("group.id", group_id)
-            .set("enable.auto.commit", "false")
-            .create()?;
+            .set("enable.auto.commit", "false");
+        for (key, value) in properties {
+            config.set(key, value);
+        }
+        let consumer = config.create()?;
         Ok(GroupInspector { consumer })
     }
 

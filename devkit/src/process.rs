@@ -73,6 +73,12 @@ impl ProcessBuilder {
         self
     }
 
+    /// Runs the child in `dir`.
+    pub fn current_dir(mut self, dir: impl AsRef<Path>) -> Self {
+        self.command.current_dir(dir);
+        self
+    }
+
     pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Self {
         self.command.env_remove(key);
         self

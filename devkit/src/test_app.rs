@@ -66,6 +66,9 @@ fn set_var(env: &mut Vec<(String, String)>, key: &str, value: &str) {
 pub struct Options {
     /// Partitions of the topic the app creates.
     pub partitions: i32,
+    /// Brokers of the embedded cluster the app starts (the topic's partitions are spread
+    /// over them, each led by one).
+    pub brokers: i32,
     /// Apply the service's migrations to the new database (otherwise it is left empty).
     pub migrate: bool,
     /// The topic; a random name unless set.
@@ -83,6 +86,9 @@ pub struct Options {
     pub external_brokers: Option<String>,
     /// Start the embedded broker behind a fault proxy ([`EmbeddedBroker::start_proxied`]).
     pub broker_proxied: bool,
+    /// librdkafka properties the test's own clients need for the cluster (its security: an
+    /// external broker that authenticates), for producing and reading the group's positions.
+    pub client_properties: Vec<(String, String)>,
     create_topic: bool,
 }
 
@@ -115,6 +121,7 @@ impl Options {
         self.topic = app.topic.clone();
         self.partitions = app.partitions;
         self.group = app.group.clone();
+        self.client_properties = app.client_properties.clone();
         self.create_topic = false;
         self
     }
@@ -125,6 +132,7 @@ impl Default for Options {
         let id = rand::random::<u64>();
         Options {
             partitions: 1,
+            brokers: 1,
             migrate: true,
             topic: format!("tickets.status.test-{:08x}", id as u32),
             group: format!("history-test-{:08x}", (id >> 32) as u32),
@@ -133,6 +141,7 @@ impl Default for Options {
             broker: None,
             broker_proxied: false,
             external_brokers: None,
+            client_properties: Vec::new(),
             create_topic: true,
         }
     }
@@ -154,6 +163,8 @@ pub struct TestApp {
     /// The variables set over the test environment ([`Options::env`], [`TestApp::set_env`]).
     overrides: Vec<(String, String)>,
     inspector: Arc<GroupInspector>,
+    /// [`Options::client_properties`].
+    client_properties: Vec<(String, String)>,
     port: Cell<Option<u16>>,
 }
 
@@ -176,9 +187,9 @@ impl TestApp {
             }
             (None, None) => {
                 let broker = if options.broker_proxied {
-                    EmbeddedBroker::start_proxied(1)
+                    EmbeddedBroker::start_proxied(options.brokers)
                 } else {
-                    EmbeddedBroker::start(1)
+                    EmbeddedBroker::start(options.brokers)
                 };
                 let broker = Arc::new(broker.expect("the embedded broker starts"));
                 let brokers = broker.bootstrap_servers();
@@ -206,7 +217,8 @@ impl TestApp {
             env.retain(|(key, _)| key != SESSION_TIMEOUT);
         }
         let inspector = Arc::new(
-            GroupInspector::new(&brokers, &options.group).expect("the group inspector is created"),
+            GroupInspector::with_properties(&brokers, &options.group, &options.client_properties)
+                .expect("the group inspector is created"),
         );
         TestApp {
             service: None,
@@ -219,6 +231,7 @@ impl TestApp {
             env,
             overrides: options.env,
             inspector,
+            client_properties: options.client_properties,
             port: Cell::new(None),
         }
     }
@@ -327,10 +340,43 @@ impl TestApp {
     pub async fn produce(&self, records: &[PlannedRecord]) -> Vec<Delivered> {
         let (brokers, topic, records) =
             (self.brokers.clone(), self.topic.clone(), records.to_vec());
-        tokio::task::spawn_blocking(move || workload::produce(&brokers, &topic, &records))
-            .await
-            .unwrap()
-            .expect("the records are produced")
+        let properties = self.client_properties.clone();
+        tokio::task::spawn_blocking(move || {
+            let properties: Vec<(&str, &str)> = properties
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            workload::produce_with(&brokers, &topic, &records, &properties)
+        })
+        .await
+        .unwrap()
+        .expect("the records are produced")
+    }
+
+    /// Produces the records to the app's topic with an external client (the confluent-kafka
+    /// Python client), `properties` set on it — `compression.type` above all; returns where
+    /// each landed.
+    pub async fn produce_externally(
+        &self,
+        records: &[PlannedRecord],
+        properties: &[(&str, &str)],
+    ) -> Vec<Delivered> {
+        let (brokers, topic, records) =
+            (self.brokers.clone(), self.topic.clone(), records.to_vec());
+        let properties: Vec<(String, String)> = properties
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        tokio::task::spawn_blocking(move || {
+            let properties: Vec<(&str, &str)> = properties
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            crate::external_producer::produce(&brokers, &topic, &records, &properties)
+        })
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("the external producer: {err}"))
     }
 
     /// The end offset of each partition of the topic, asking the broker.

@@ -22,7 +22,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use futures::channel::oneshot;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::dispatcher::Dispatcher;
 use super::messages::{
@@ -31,7 +31,7 @@ use super::messages::{
     TopicPartition, WindowSnapshot, WindowState, WindowUpdate, Withdrawn, WriteJob,
 };
 use crate::metrics;
-use crate::offsets::{OffsetWindow, TrackResult};
+use crate::offsets::{Generation, OffsetWindow, Rewind, TrackResult, UntrackedOffset};
 
 struct PartitionWindow {
     epoch: Epoch,
@@ -64,12 +64,13 @@ impl PartitionWindow {
         }
     }
 
-    /// The position to commit, if it is ahead of the confirmed one.
+    /// The position to commit, if it is ahead of the confirmed one (of this generation).
     fn unconfirmed(&self, tp: &TopicPartition) -> Option<CommitPosition> {
         let offset = self.window.position()?;
         (self.confirmed.is_none_or(|confirmed| offset > confirmed)).then(|| CommitPosition {
             tp: tp.clone(),
             epoch: self.epoch,
+            generation: self.window.generation(),
             offset,
         })
     }
@@ -79,6 +80,7 @@ impl PartitionWindow {
         Some(CommitPosition {
             tp: tp.clone(),
             epoch: self.epoch,
+            generation: self.window.generation(),
             offset: self.window.position()?,
         })
     }
@@ -94,15 +96,35 @@ impl PartitionWindow {
     }
 
     /// Sets unresolved offsets of this assignment aside: nothing waits for them.
-    fn set_aside(&mut self, epoch: Epoch, offsets: impl IntoIterator<Item = i64>) {
+    fn set_aside(&mut self, epoch: Epoch, offsets: impl IntoIterator<Item = (Generation, i64)>) {
         if epoch != self.epoch {
             return;
         }
-        for offset in offsets {
-            if self.window.is_unresolved(offset) {
+        for (generation, offset) in offsets {
+            if self.window.is_unresolved(offset, generation) {
                 self.set_aside.insert(offset);
             }
         }
+    }
+
+    /// The log moved back (`rewind`): what it forgot is not awaited, and nothing of the
+    /// earlier generation counts as confirmed any more.
+    fn rewound(&mut self, tp: &TopicPartition, rewind: Rewind) {
+        self.set_aside.retain(|&offset| offset < rewind.to);
+        self.confirmed = None;
+        metrics::offset_rewind(tp);
+        error!(
+            %tp,
+            epoch = self.epoch,
+            highest = rewind.highest,
+            to = rewind.to,
+            position_before = ?rewind.position_before,
+            position_after = ?rewind.position_after,
+            forgotten = rewind.forgotten,
+            "the partition's log moved back: records from this offset on are new and are \
+             processed as such; the group's position goes back with them (likely the topic was \
+             deleted and created again, or its log truncated after an unclean leader election)"
+        );
     }
 }
 
@@ -328,7 +350,9 @@ impl OffsetCommitter {
         }
     }
 
-    /// Tracks the jobs' offsets; returns the jobs to write (not those already in flight).
+    /// Tracks the jobs' offsets (each under the generation of the log it belongs to: one at or
+    /// below an offset already tracked means the log moved back, see [`OffsetWindow`]); returns
+    /// the jobs to write.
     fn admit(&mut self, msg: Admit) -> Result<(Vec<WriteJob>, WindowState), ()> {
         if self.draining || self.is_closed(&msg.tp, msg.epoch) {
             return Err(());
@@ -345,11 +369,19 @@ impl OffsetCommitter {
             // on its way): the old window's work is void.
             *window = PartitionWindow::new(msg.epoch, msg.partition.clone());
         }
-        let jobs: Vec<WriteJob> = msg
-            .jobs
-            .into_iter()
-            .filter(|job| window.window.track(job.offset) != TrackResult::AlreadyTracked)
-            .collect();
+        let mut jobs = msg.jobs;
+        for job in &mut jobs {
+            let tracked = window.window.track(job.offset);
+            job.generation = tracked.generation();
+            if let TrackResult::Rewound(rewind) = tracked {
+                window.rewound(&msg.tp, rewind);
+            }
+        }
+        if let Some(offset) = msg.passed_over {
+            if window.window.pass_over(offset) {
+                debug!(tp = %msg.tp, offset, "the client passed over offsets without records (transaction markers)");
+            }
+        }
         window.version += 1;
         metrics::set_in_flight(&msg.tp, window.window.len());
         Ok((jobs, window.state()))
@@ -394,8 +426,13 @@ impl OffsetCommitter {
             let Some(window) = self.windows.get_mut(&tp) else {
                 continue;
             };
+            // Jobs of an ended assignment, or of records the log's move back made obsolete,
+            // are dropped.
             let (current, _old): (Vec<WriteJob>, Vec<WriteJob>) =
-                jobs.into_iter().partition(|job| job.epoch == window.epoch);
+                jobs.into_iter().partition(|job| {
+                    job.epoch == window.epoch
+                        && window.window.is_unresolved(job.offset, job.generation)
+                });
             let withdrawn: BTreeSet<i64> = current.iter().map(|job| job.offset).collect();
             let Some(cut) = window.window.withdrawal_cut(&withdrawn, &window.set_aside) else {
                 continue;
@@ -403,7 +440,10 @@ impl OffsetCommitter {
             let (write, leave): (Vec<WriteJob>, Vec<WriteJob>) =
                 current.into_iter().partition(|job| job.offset < cut);
             debug!(%tp, cut, written = write.len(), left = leave.len(), "revoke: unstarted jobs settled");
-            window.set_aside(window.epoch, leave.iter().map(|job| job.offset));
+            window.set_aside(
+                window.epoch,
+                leave.iter().map(|job| (job.generation, job.offset)),
+            );
             again.extend(write);
         }
         if !again.is_empty() {
@@ -467,12 +507,18 @@ impl Handler<Resolved> for OffsetCommitter {
                     continue;
                 }
             };
-            window.set_aside.remove(&resolved.offset);
-            match window.window.resolve(resolved.offset) {
-                Ok(0) => {}
-                Ok(_) if !moved.contains(&resolved.tp) => moved.push(resolved.tp),
-                Ok(_) => {}
-                // An offset below the position (redelivered and processed again): harmless.
+            match window.window.resolve(resolved.offset, resolved.generation) {
+                Ok(released) => {
+                    window.set_aside.remove(&resolved.offset);
+                    if released > 0 && !moved.contains(&resolved.tp) {
+                        moved.push(resolved.tp);
+                    }
+                }
+                // The outcome of a record the log's move back made obsolete.
+                Err(UntrackedOffset::Forgotten(offset)) => {
+                    self.stale_outcomes += 1;
+                    debug!(tp = %resolved.tp, offset, "outcome of a forgotten record ignored");
+                }
                 Err(untracked) => debug!(tp = %resolved.tp, %untracked, "resolution ignored"),
             }
         }
@@ -499,7 +545,7 @@ impl Handler<Parked> for OffsetCommitter {
 
     fn handle(&mut self, Parked(parked): Parked, _: &mut Context<Self>) {
         if let Some(window) = self.windows.get_mut(&parked.tp) {
-            window.set_aside(parked.epoch, [parked.offset]);
+            window.set_aside(parked.epoch, [(parked.generation, parked.offset)]);
             self.wake_waiters();
         }
     }
@@ -530,7 +576,9 @@ impl Handler<CommitResult> for OffsetCommitter {
     fn handle(&mut self, msg: CommitResult, _: &mut Context<Self>) {
         for position in msg.0.confirmed {
             if let Some(window) = self.windows.get_mut(&position.tp) {
-                if window.epoch == position.epoch {
+                if window.epoch == position.epoch
+                    && window.window.generation() == position.generation
+                {
                     window.confirmed = Some(
                         window
                             .confirmed

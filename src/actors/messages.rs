@@ -20,7 +20,8 @@ use actix::{Message, Recipient};
 use crate::domain::HistoryEvent;
 pub use crate::domain::budget::Held;
 pub use crate::domain::values::{
-    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition,
+    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Generation, Record,
+    TopicPartition,
 };
 pub use crate::kafka::messages::{CommitResult, Lost, Revoke};
 
@@ -29,6 +30,13 @@ pub use crate::kafka::messages::{CommitResult, Lost, Revoke};
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Records(pub Vec<(Record, Held)>);
+
+/// The Kafka client moved past offsets it hands no record of (transaction markers, records of
+/// aborted transactions): in this assignment the partition has no record below this offset
+/// beyond those handed over before. Kafka side → PartitionActor, in order with the records.
+#[derive(Message, Debug, Clone, Copy, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct PassedOver(pub i64);
 
 /// Stop a partition actor (revoke, shutdown). Its undispatched records are dropped: their
 /// offsets were never tracked, so the committed position stays before them.
@@ -65,13 +73,16 @@ pub struct Admit {
     pub tp: TopicPartition,
     pub epoch: Epoch,
     pub jobs: Vec<WriteJob>,
+    /// After these jobs, no record below this offset is still to come ([`PassedOver`]).
+    pub passed_over: Option<i64>,
     /// Where the committer sends this partition's window updates.
     pub partition: Recipient<WindowUpdate>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdmitReply {
-    /// Tracked and dispatched (an offset already in flight is not dispatched twice). `window`
+    /// Tracked and dispatched (an offset already tracked is a log that moved back: tracked
+    /// again, as new). `window`
     /// is the window's state after admitting.
     Accepted { window: WindowState },
     /// The epoch is over (revoked, lost, or shutting down): the records were dropped.
@@ -107,6 +118,8 @@ pub enum Work {
 pub struct WriteJob {
     pub tp: TopicPartition,
     pub epoch: Epoch,
+    /// The generation its offset is tracked under (set by the committer when it admits it).
+    pub generation: Generation,
     pub offset: i64,
     pub work: Work,
     /// The record's share of the budget, given back when the job is done with.
@@ -123,6 +136,7 @@ pub struct WriteJobs(pub Vec<WriteJob>);
 pub struct ResolvedOffset {
     pub tp: TopicPartition,
     pub epoch: Epoch,
+    pub generation: Generation,
     pub offset: i64,
 }
 

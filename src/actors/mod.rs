@@ -9,6 +9,7 @@ pub mod messages;
 pub mod partition;
 pub mod pipeline;
 pub mod supervisor;
+pub mod trace_check;
 pub mod writer;
 
 pub use pipeline::Pipeline;

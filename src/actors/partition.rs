@@ -14,8 +14,8 @@ use tracing::{debug, debug_span, warn};
 
 use super::inflow::Inflow;
 use super::messages::{
-    Admit, AdmitReply, Drained, Epoch, Held, Record, Records, StopPartition, TopicPartition,
-    WindowState, WindowUpdate, Work, WriteJob,
+    Admit, AdmitReply, Drained, Epoch, Held, PassedOver, Record, Records, StopPartition,
+    TopicPartition, WindowState, WindowUpdate, Work, WriteJob,
 };
 use super::pipeline::Pipeline;
 use crate::domain::DeadLetter;
@@ -34,6 +34,8 @@ pub struct PartitionActor {
     window: WindowState,
     /// An Admit request is on its way; the next waits for its reply, keeping records in order.
     admitting: bool,
+    /// What the client passed over after the pending records, to admit after them.
+    passed_over: Option<i64>,
 }
 
 impl PartitionActor {
@@ -53,6 +55,7 @@ impl PartitionActor {
             pending: VecDeque::new(),
             window: WindowState::default(),
             admitting: false,
+            passed_over: None,
         }
     }
 
@@ -95,6 +98,8 @@ impl PartitionActor {
         WriteJob {
             tp: self.tp.clone(),
             epoch: self.epoch,
+            // The committer stamps the generation it tracks the offset under.
+            generation: 0,
             offset: record.offset,
             work,
             held,
@@ -113,7 +118,7 @@ impl PartitionActor {
         if self.admitting {
             return;
         }
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.passed_over.is_none() {
             self.resume_if_drained();
             return;
         }
@@ -123,15 +128,20 @@ impl PartitionActor {
         }
         let take = room.min(self.pending.len());
         let jobs: Vec<WriteJob> = self.pending.drain(..take).collect();
-        if self.pending.is_empty() {
+        // Only after every record before it.
+        let passed_over = if self.pending.is_empty() {
             // A burst's queue is not kept at its peak size for the rest of the assignment.
             self.pending.shrink_to(self.window_limit());
-        }
+            self.passed_over.take()
+        } else {
+            None
+        };
         self.admitting = true;
         let admit = Admit {
             tp: self.tp.clone(),
             epoch: self.epoch,
             jobs,
+            passed_over,
             partition: ctx.address().recipient(),
         };
         let request = self.pipeline.committer().send(admit);
@@ -190,6 +200,15 @@ impl Handler<Records> for PartitionActor {
             let job = self.decode(record, held);
             self.pending.push_back(job);
         }
+        self.pump(ctx);
+    }
+}
+
+impl Handler<PassedOver> for PartitionActor {
+    type Result = ();
+
+    fn handle(&mut self, PassedOver(offset): PassedOver, ctx: &mut Context<Self>) {
+        self.passed_over = Some(self.passed_over.map_or(offset, |known| known.max(offset)));
         self.pump(ctx);
     }
 }

@@ -16,12 +16,14 @@ use tracing::{debug, info};
 
 use super::inflow::Inflow;
 use super::messages::{
-    CommitOffsets, CommitOutcome, CommitPosition, CommitReason, Drained, Epoch, Held, Record,
-    Records, StopPartition, TopicPartition,
+    CommitOffsets, CommitOutcome, CommitPosition, CommitReason, Drained, Epoch, Held, PassedOver,
+    Record, Records, StopPartition, TopicPartition,
 };
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
+use super::trace_check::TraceCheck;
 use crate::domain::flow::{Changes, FlowPolicy};
+use crate::health::DatabaseBehind;
 use crate::kafka::commit_worker::CommitWorker;
 use crate::kafka::intake;
 use crate::kafka::reset_watch::ResetWatch;
@@ -47,6 +49,15 @@ pub struct KafkaSupervisor {
     resets: ResetWatch,
     /// Watches that the configured topics exist (ends when dropped).
     _topics: Option<TopicWatch>,
+    /// Checks each assignment's committed position against the database.
+    traces: Option<Traces>,
+}
+
+/// The check of each new assignment against the database, and where it reports.
+pub struct Traces {
+    pub check: Arc<TraceCheck>,
+    pub group: Arc<str>,
+    pub behind: Arc<DatabaseBehind>,
 }
 
 /// A partition assigned here: its epoch, its actor and what it holds.
@@ -73,7 +84,15 @@ impl KafkaSupervisor {
             fetching: None,
             resets,
             _topics: topics,
+            traces: None,
         }
+    }
+
+    /// Checks each partition, when it is assigned, against the database
+    /// ([`super::trace_check`]).
+    pub fn with_trace_check(mut self, traces: Traces) -> Self {
+        self.traces = Some(traces);
+        self
     }
 
     fn consumer(&self) -> Option<&HistoryConsumer> {
@@ -84,6 +103,18 @@ impl KafkaSupervisor {
         match event {
             RebalanceEvent::Assigned(assigned) => {
                 self.resets.assigned(&assigned);
+                if let Some(traces) = &self.traces {
+                    let partitions = assigned.iter().map(|(tp, _)| tp.clone()).collect();
+                    let (check, group, behind) = (
+                        traces.check.clone(),
+                        traces.group.clone(),
+                        traces.behind.clone(),
+                    );
+                    // Off the fetch loop: it waits on the cluster and the database.
+                    actix::spawn(async move {
+                        check.on_assigned(partitions, &group, &behind).await;
+                    });
+                }
                 let mut changes = Changes::default();
                 for (tp, epoch) in assigned {
                     let change = self.flow(|flow| flow.assigned(tp.clone()));
@@ -105,6 +136,12 @@ impl KafkaSupervisor {
             }
             RebalanceEvent::Revoked { partitions, .. } => {
                 self.resets.revoked(&partitions);
+                if let Some(traces) = &self.traces {
+                    // Its next owner checks it again.
+                    for (tp, _) in &partitions {
+                        traces.behind.clear(tp);
+                    }
+                }
                 for (tp, epoch) in partitions {
                     if self.current_epoch(&tp) == Some(epoch) {
                         let assigned = self.partitions.remove(&tp).expect("present");
@@ -198,6 +235,15 @@ impl StreamHandler<Vec<KafkaItem>> for KafkaSupervisor {
                     }
                     self.rebalanced(event, ctx);
                 }
+                KafkaItem::PassedOver(tp, offset) => {
+                    if let Some(at) = runs.iter().position(|(t, _)| *t == tp) {
+                        let (tp, records) = runs.remove(at);
+                        self.deliver(tp, records);
+                    }
+                    if let Some(assigned) = self.partitions.get(&tp) {
+                        assigned.actor.do_send(PassedOver(offset));
+                    }
+                }
                 KafkaItem::Error(err) => {
                     if let Some(consumer) = self.consumer() {
                         consumer.context().errors().consumer_error(&err);
@@ -254,6 +300,9 @@ impl Handler<StopFetching> for KafkaSupervisor {
     fn handle(&mut self, _: StopFetching, ctx: &mut Context<Self>) {
         if let Some(handle) = self.fetching.take() {
             ctx.cancel_future(handle);
+        }
+        if let Some(traces) = &self.traces {
+            traces.check.stop();
         }
         self.stop_partitions();
         info!("fetching stopped");
@@ -320,6 +369,8 @@ impl Handler<CloseConsumer> for KafkaSupervisor {
             }
             if let Some(consumer) = consumer {
                 consumer.context().closing();
+                // Its result queue must not outlive the client.
+                consumer.context().release_outstanding_commit();
                 // A static member must not leave, so that its partitions wait for it to come
                 // back (KIP-345): closing never sends a LeaveGroup for one, unsubscribing does
                 // once its revoke is served (classic). Here that revoke is only served while

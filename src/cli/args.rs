@@ -89,8 +89,9 @@ pub struct DeadLetterSelection {
     /// Only letters from this partition.
     #[arg(long)]
     pub partition: Option<i32>,
-    /// Only the letter at this offset.
-    #[arg(long)]
+    /// Only the letter at this offset of `--partition` (required with it: an offset names a
+    /// record only within one partition, and one topic when letters of several are stored).
+    #[arg(long, requires = "partition")]
     pub offset: Option<i64>,
     /// Only letters with this reason code (not_json, missing_field, bad_timestamp, ...).
     #[arg(
@@ -140,6 +141,10 @@ pub struct VerifyArgs {
     /// Most offending event_ids listed per kind of violation.
     #[arg(long, default_value_t = 100)]
     pub limit: i64,
+    /// Check the database alone: skip the check that the newest records below the group's
+    /// committed offsets are in it (which needs the Kafka cluster).
+    #[arg(long)]
+    pub no_kafka: bool,
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@ use clap::Parser;
 
 pub use args::{Cli, Command, DeadLetterSelection, DeadLettersCommand, MigrateArgs, VerifyArgs};
 
+use crate::actors::trace_check::TraceCheck;
 use crate::config::Settings;
+use crate::kafka::tail::TailReader;
 use crate::store::dead_letters;
 use crate::store::{Database, migrate, verify};
 
@@ -107,6 +109,17 @@ async fn run_dead_letters(
                 );
             }
             let letters = dead_letters::list(&client, &filter.filter()).await?;
+            if let (Some(offset), None) = (filter.offset, &filter.topic) {
+                let topics: std::collections::BTreeSet<&str> =
+                    letters.iter().map(|letter| letter.topic.as_str()).collect();
+                if topics.len() > 1 {
+                    anyhow::bail!(
+                        "letters at offset {offset} of that partition are stored for several \
+                         topics ({}): name one with --topic",
+                        topics.into_iter().collect::<Vec<_>>().join(", ")
+                    );
+                }
+            }
             if *dry_run {
                 for letter in &letters {
                     let target = to_topic.as_deref().unwrap_or(&letter.topic);
@@ -239,9 +252,49 @@ async fn run_verify(settings: &Settings, args: &VerifyArgs) -> anyhow::Result<Ex
         .await
         .with_context(|| format!("failed to check {target}"))?;
     render::verification(&target, &report);
-    Ok(if report.is_consistent() {
+    let behind = if args.no_kafka {
+        false
+    } else {
+        verify_against_kafka(settings, &database).await?
+    };
+    Ok(if report.is_consistent() && !behind {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+/// How long verify waits for the cluster's metadata before it says it could not check.
+const VERIFY_KAFKA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The newest records below the group's committed offset of every partition of `kafka.topics`
+/// must be in the database; `true` if some partition's are not (a database restored from a
+/// backup, or emptied, while the group's offsets stayed). A cluster that cannot be reached is
+/// said, and does not fail the check of the database.
+async fn verify_against_kafka(settings: &Settings, database: &Database) -> anyhow::Result<bool> {
+    let reader = TailReader::new(&settings.kafka)?;
+    let topics = settings.kafka.topics.clone();
+    let partitions = tokio::task::spawn_blocking(move || {
+        (reader.partitions(&topics, VERIFY_KAFKA_TIMEOUT), reader)
+    })
+    .await?;
+    let (partitions, reader) = match partitions {
+        (Ok(partitions), reader) => (partitions, reader),
+        (Err(err), _) => {
+            render::kafka_unchecked(&settings.kafka.group_id, &err.to_string());
+            return Ok(false);
+        }
+    };
+    let pool = database.pool(1, settings.database.connect_timeout());
+    drop(reader);
+    let check = TraceCheck::new(
+        settings.kafka.clone(),
+        pool,
+        settings.pipeline.max_payload_bytes,
+    );
+    let verdicts = check.check(partitions).await;
+    Ok(render::kafka_verification(
+        &settings.kafka.group_id,
+        &verdicts,
+    ))
 }

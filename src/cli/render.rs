@@ -1,6 +1,8 @@
 //! What the commands print on standard output: the dead-letter table, the migration and the
 //! verification reports. The log goes to standard error, so these stay readable by scripts.
 
+use crate::actors::trace_check::Verdict;
+use crate::domain::TopicPartition;
 use crate::store::dead_letters::StoredDeadLetter;
 use crate::store::migrate::MigrationReport;
 use crate::store::verify::VerifyReport;
@@ -120,6 +122,49 @@ pub(super) fn verification(target: &str, report: &VerifyReport) {
         "history rows without a marker",
         &report.rows_without_marker,
         report.rows_without_marker_total,
+    );
+}
+
+/// What the check against the group's committed offsets found; `true` if a partition is behind.
+pub(super) fn kafka_verification(group: &str, verdicts: &[(TopicPartition, Verdict)]) -> bool {
+    let checked = verdicts
+        .iter()
+        .filter(|(_, v)| matches!(v, Verdict::Traced { .. }))
+        .count();
+    println!(
+        "kafka group:                    {group}: {} partitions, {checked} with records below \
+         the committed offset checked",
+        verdicts.len()
+    );
+    let mut behind = false;
+    for (tp, verdict) in verdicts {
+        match verdict {
+            Verdict::Behind { .. } => {
+                behind = true;
+                let finding = verdict.finding(tp, group).unwrap_or_default();
+                println!(
+                    "VIOLATION: the database lacks records the group committed past: {finding}"
+                );
+            }
+            Verdict::Unchecked(why) => println!("NOT CHECKED: {tp}: {why}"),
+            Verdict::Traced { .. } | Verdict::NothingToCheck => {}
+        }
+    }
+    if !behind {
+        println!(
+            "OK: the database holds the newest records below each committed offset (the {} \
+             newest of each partition checked)",
+            crate::actors::trace_check::TAIL
+        );
+    }
+    behind
+}
+
+/// The cluster could not be asked: the database alone was checked.
+pub(super) fn kafka_unchecked(group: &str, why: &str) {
+    println!(
+        "NOT CHECKED: the committed offsets of group {group} against the database: the Kafka \
+         cluster did not answer ({why}); --no-kafka skips this check"
     );
 }
 

@@ -21,9 +21,28 @@ pub const RECORD_OVERHEAD_BYTES: usize = 256;
 /// The smallest byte budget accepted: the Kafka client's fetch response alone needs 1 MB.
 pub const MIN_BUDGET_BYTES: usize = 4 << 20;
 
-/// What a fetched record counts against the budget.
+/// What a fetched record counts against the budget: its key and payload as allocated, and
+/// its bookkeeping.
 pub fn record_cost(key: Option<&[u8]>, payload: Option<&[u8]>) -> usize {
-    key.map_or(0, <[u8]>::len) + payload.map_or(0, <[u8]>::len) + RECORD_OVERHEAD_BYTES
+    allocated(key.map_or(0, <[u8]>::len))
+        + allocated(payload.map_or(0, <[u8]>::len))
+        + RECORD_OVERHEAD_BYTES
+}
+
+/// What `len` bytes occupy once allocated: the binary's allocator (jemalloc) hands out size
+/// classes, four to each doubling above 64 bytes (16 bytes apart below), so that a payload of
+/// 20.5 KB takes 24 KiB — a fifth more than its length, which a budget counting lengths would
+/// let the service exceed.
+pub fn allocated(len: usize) -> usize {
+    match len {
+        0 => 0,
+        1..=8 => 8,
+        _ => {
+            let lg = usize::BITS - 1 - (len - 1).leading_zeros();
+            let spacing = (1usize << lg.saturating_sub(2)).max(16);
+            len.div_ceil(spacing) * spacing
+        }
+    }
 }
 
 /// The instance's budget for fetched records, split between the service and the Kafka client.
@@ -31,35 +50,75 @@ pub fn record_cost(key: Option<&[u8]>, payload: Option<&[u8]>) -> usize {
 pub struct Split {
     /// Records and bytes the service itself may hold.
     pub service: Limits,
-    /// The client's prefetch queue, in KiB (`queued.max.messages.kbytes`).
+    /// The client's prefetch queue, in KiB (`queued.max.messages.kbytes`): record data as
+    /// decompressed, which is how librdkafka counts it.
     pub queue_kbytes: usize,
     /// Records in the client's prefetch queue (`queued.min.messages`).
     pub queue_records: usize,
-    /// Largest fetch response (`fetch.max.bytes`).
-    pub fetch_max_bytes: usize,
-    /// Largest part of a response for one partition (`max.partition.fetch.bytes`).
-    pub partition_fetch_bytes: usize,
+    /// What the fetch responses on their way into the queue may cost, decompressed, all brokers
+    /// together: the rest of the client's half ([`Split::fetch`] sizes the requests from it).
+    pub fetch_bytes: usize,
 }
 
 impl Split {
-    /// Half of the bytes for the records the service holds, a quarter for the client's queue
-    /// and a quarter for the fetch response on its way into it: the client fetches only while
-    /// its queue is below its limit, so it holds at most its queue and one response (per broker
-    /// it fetches from). Records: the service holds `records`; the client queues half as many,
-    /// enough to refill the service's half-emptied budget at once.
+    /// Half of the bytes for the records the service holds; of the other half, the client's, a
+    /// quarter for its queue and three quarters for the fetch responses on their way into it:
+    /// the client fetches only while its queue is below its limit, so it holds at most its
+    /// queue and one response per broker it fetches from — and a response is at least one whole
+    /// record batch however small the request, which the larger share leaves room for.
+    /// Records: the service holds `records`; the client queues half as many, enough to refill
+    /// the service's half-emptied budget at once.
     pub fn of(records: usize, bytes: usize) -> Split {
-        let quarter = bytes / 4;
+        let eighth = bytes / 8;
         Split {
             service: Limits {
                 records,
                 bytes: bytes / 2,
             },
-            queue_kbytes: (quarter / 1024).max(1),
+            queue_kbytes: (eighth / 1024).max(1),
             queue_records: (records / 2).max(1),
-            fetch_max_bytes: quarter,
-            partition_fetch_bytes: quarter.min(1 << 20),
+            fetch_bytes: bytes / 2 - eighth,
         }
     }
+
+    /// The fetch requests' sizes for a cluster of `brokers` brokers whose record batches
+    /// decompress by at most `ratio`. librdkafka sends one Fetch request at a time to each broker
+    /// that leads a partition it consumes, each answered with up to `fetch.max.bytes` counted
+    /// on the wire — compressed — and decompresses a whole response into its queue: so
+    /// `brokers` responses of `max_bytes` each cost at most `brokers × max_bytes × (ratio + 1)`
+    /// (the compressed response and what it decompresses to), which this keeps within
+    /// [`Split::fetch_bytes`]. Never below [`MIN_FETCH_BYTES`].
+    pub fn fetch(&self, brokers: usize, ratio: usize) -> Fetch {
+        let per_response = self.fetch_bytes / (brokers.max(1) * (ratio.max(1) + 1));
+        let max_bytes = per_response.max(MIN_FETCH_BYTES);
+        Fetch {
+            max_bytes,
+            partition_bytes: max_bytes.min(MAX_PARTITION_FETCH_BYTES),
+            // librdkafka refuses a fetch.max.bytes below message.max.bytes (1,000,000 by
+            // default), the largest request the consumer sends.
+            message_max_bytes: max_bytes.min(DEFAULT_MESSAGE_MAX_BYTES),
+        }
+    }
+}
+
+/// The smallest fetch response asked for: a few ticket events' worth of batches. A response
+/// always carries at least the first record batch of a partition, whatever its size.
+pub const MIN_FETCH_BYTES: usize = 64 << 10;
+/// The most one partition adds to a fetch response (librdkafka's default).
+pub const MAX_PARTITION_FETCH_BYTES: usize = 1 << 20;
+/// librdkafka's default `message.max.bytes`.
+const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+/// How large the consumer's fetches are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fetch {
+    /// Largest fetch response, per request and so per broker (`fetch.max.bytes`).
+    pub max_bytes: usize,
+    /// Largest part of a response for one partition (`max.partition.fetch.bytes`).
+    pub partition_bytes: usize,
+    /// Largest request the consumer sends (`message.max.bytes`): librdkafka wants it at most
+    /// `fetch.max.bytes`.
+    pub message_max_bytes: usize,
 }
 
 /// Most records and bytes held at once.
@@ -227,6 +286,29 @@ mod tests {
     }
 
     #[test]
+    fn a_record_costs_its_bytes_as_allocated() {
+        for (len, allocated_as) in [
+            (0, 0),
+            (1, 8),
+            (9, 16),
+            (17, 32),
+            (33, 48),
+            (65, 80),
+            (129, 160),
+            (256, 256),
+            (257, 320),
+            (20_670, 24_576),
+            (1 << 20, 1 << 20),
+        ] {
+            assert_eq!(allocated(len), allocated_as, "{len}");
+        }
+        assert_eq!(
+            record_cost(Some(b"ticket-42"), Some(&[b'x'; 300])),
+            16 + 320 + RECORD_OVERHEAD_BYTES
+        );
+    }
+
+    #[test]
     fn a_ticket_holds_its_record_until_it_is_dropped() {
         let budget = budget(10, 10_000);
         let a = budget.take(300);
@@ -298,7 +380,7 @@ mod tests {
     }
 
     #[test]
-    fn the_split_gives_the_service_half_the_bytes_and_the_client_a_queue_and_a_response() {
+    fn the_split_gives_the_service_half_the_bytes_and_the_client_a_queue_and_its_responses() {
         let split = Split::of(8000, 32 << 20);
         assert_eq!(
             split.service,
@@ -307,12 +389,56 @@ mod tests {
                 bytes: 16 << 20
             }
         );
-        assert_eq!(split.queue_kbytes, 8 << 10);
+        assert_eq!(split.queue_kbytes, 4 << 10);
         assert_eq!(split.queue_records, 4000);
-        assert_eq!(split.fetch_max_bytes, 8 << 20);
-        assert_eq!(split.partition_fetch_bytes, 1 << 20);
-        let parts = split.service.bytes + split.queue_kbytes * 1024 + split.fetch_max_bytes;
+        assert_eq!(split.fetch_bytes, 12 << 20);
+        let parts = split.service.bytes + split.queue_kbytes * 1024 + split.fetch_bytes;
         assert_eq!(parts, 32 << 20, "the parts add up to the budget");
+    }
+
+    #[test]
+    fn fetches_shrink_with_the_brokers_and_the_compression_ratio() {
+        let split = Split::of(8000, 32 << 20);
+        let one = split.fetch(1, 1);
+        assert_eq!(
+            one.max_bytes,
+            6 << 20,
+            "uncompressed: the response and its records"
+        );
+        assert_eq!(one.partition_bytes, 1 << 20);
+        assert_eq!(one.message_max_bytes, 1_000_000);
+        let three = split.fetch(3, 10);
+        assert_eq!(three.max_bytes, (12 << 20) / 33);
+        assert_eq!(three.partition_bytes, three.max_bytes);
+        assert_eq!(three.message_max_bytes, three.max_bytes);
+        let many = split.fetch(100, 100);
+        assert_eq!(many.max_bytes, MIN_FETCH_BYTES, "never below the floor");
+        assert_eq!(
+            split.fetch(0, 0),
+            split.fetch(1, 1),
+            "no broker counts as one"
+        );
+    }
+
+    proptest! {
+        /// Whatever the budget, the brokers and the ratio, the responses of every broker,
+        /// decompressed, fit in the client's share — unless the floor binds.
+        #[test]
+        fn every_brokers_response_decompressed_fits_the_share(
+            bytes in MIN_BUDGET_BYTES..(1usize << 32),
+            brokers in 1usize..64,
+            ratio in 1usize..200,
+        ) {
+            let split = Split::of(8000, bytes);
+            let fetch = split.fetch(brokers, ratio);
+            let cost = brokers * fetch.max_bytes * (ratio + 1);
+            prop_assert!(
+                cost <= split.fetch_bytes || fetch.max_bytes == MIN_FETCH_BYTES,
+                "{brokers} brokers at {ratio}: {cost} > {}", split.fetch_bytes
+            );
+            prop_assert!(fetch.partition_bytes <= fetch.max_bytes);
+            prop_assert!(fetch.message_max_bytes <= fetch.max_bytes);
+        }
     }
 
     proptest! {

@@ -12,6 +12,7 @@ pub mod event;
 pub mod flow;
 pub mod linger;
 pub mod outcome;
+pub mod traces;
 pub mod values;
 
 #[cfg(test)]
@@ -28,5 +29,6 @@ pub use outcome::{
     process_history_once,
 };
 pub use values::{
-    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Record, TopicPartition,
+    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Generation, Record,
+    TopicPartition,
 };

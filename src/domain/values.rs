@@ -14,6 +14,11 @@ use super::decode::DecodeError;
 /// discarded when it arrives after the revoke.
 pub type Epoch = u64;
 
+/// Counts the moves back of a partition's log within one assignment (a topic created again, a
+/// truncated log): the records from the offset it moved back to are new, and their outcomes and
+/// positions are told apart from those of the records they replaced by this.
+pub type Generation = u32;
+
 /// A topic and partition, cheap to clone.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TopicPartition {
@@ -58,6 +63,9 @@ pub struct Record {
 pub struct CommitPosition {
     pub tp: TopicPartition,
     pub epoch: Epoch,
+    /// The log's generation within the assignment: a position of a later one may be lower (the
+    /// log moved back), one of an earlier one is never sent after it.
+    pub generation: Generation,
     pub offset: i64,
 }
 

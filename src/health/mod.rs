@@ -1,18 +1,26 @@
 //! Readiness: whether the service can actually consume and write, as `/readyz` and the
 //! `history_ready` gauge report it. Not ready while it starts (migrations, the first
-//! connection), before the consumer joined its group, while every write has kept failing for
-//! longer than `pipeline.unready_after_failing_ms`, and while the database does not answer.
+//! connection), while a configured topic is missing, while no Kafka broker answers, before the
+//! consumer joined its group, while a partition stands still at a record batch the client cannot
+//! decompress, while a partition's committed position is past what the database holds, while
+//! every write has kept failing for longer than
+//! `pipeline.unready_after_failing_ms`, and while the database does not answer.
 
+pub mod behind;
 pub mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tracing::warn;
+
+use crate::kafka::client_health::ClientHealth;
 use crate::kafka::topic_watch::MissingTopics;
 use crate::metrics::{self, Stats};
 use crate::store::{Database, PgPool, StoreError};
 
+pub use behind::DatabaseBehind;
 pub use writes::WriteHealth;
 
 /// Shared by the start-up sequence, the consumer's callbacks (joined), the writers (through
@@ -27,6 +35,13 @@ struct Inner {
     joined: Arc<AtomicBool>,
     /// Configured topics the cluster does not have (the Kafka layer's topic watch keeps it).
     missing_topics: Arc<MissingTopics>,
+    /// Brokers unreachable, partitions standing at batches that cannot be decompressed (the
+    /// consumer's callbacks keep it).
+    client: Arc<ClientHealth>,
+    /// Partitions whose committed position is past what the database holds.
+    behind: Arc<DatabaseBehind>,
+    /// The WARN that the consumer has not joined for long was written.
+    told_not_joined: AtomicBool,
     stats: Arc<Stats>,
     unready_after_failing: Duration,
 }
@@ -38,8 +53,13 @@ enum Phase {
     Running {
         pool: PgPool,
         database: Box<Database>,
+        since: Instant,
     },
 }
+
+/// How long a consumer may take to join its group before that is more than a slow start: a
+/// join takes a heartbeat or two (classic: the group's rebalance, within its session timeout).
+pub const NOT_JOINED_TOO_LONG: Duration = Duration::from_secs(30);
 
 /// How long the readiness query may take, then how long the connection attempt that finds out
 /// why: together under a Kubernetes probe's 3 s time-out.
@@ -53,6 +73,9 @@ impl Readiness {
                 phase: Mutex::new(Phase::Starting("not started yet".to_owned())),
                 joined: Arc::new(AtomicBool::new(false)),
                 missing_topics: Arc::default(),
+                client: Arc::default(),
+                behind: Arc::default(),
+                told_not_joined: AtomicBool::new(false),
                 stats,
                 unready_after_failing,
             }),
@@ -69,6 +92,16 @@ impl Readiness {
         self.inner.missing_topics.clone()
     }
 
+    /// What the consumer's callbacks report of the Kafka client's troubles.
+    pub fn client_health(&self) -> Arc<ClientHealth> {
+        self.inner.client.clone()
+    }
+
+    /// The partitions found behind in the database, which the check at assignment keeps.
+    pub fn database_behind(&self) -> Arc<DatabaseBehind> {
+        self.inner.behind.clone()
+    }
+
     /// Still starting, for this reason.
     pub fn starting(&self, reason: impl Into<String>) {
         *self.inner.phase.lock().unwrap() = Phase::Starting(reason.into());
@@ -79,14 +112,19 @@ impl Readiness {
         *self.inner.phase.lock().unwrap() = Phase::Running {
             pool,
             database: Box::new(database),
+            since: Instant::now(),
         };
     }
 
     /// Why the service is not ready, or `None` if it is.
     pub async fn not_ready_reason(&self) -> Option<String> {
-        let (pool, database) = match &*self.inner.phase.lock().unwrap() {
+        let (pool, database, since) = match &*self.inner.phase.lock().unwrap() {
             Phase::Starting(reason) => return Some(format!("starting: {reason}")),
-            Phase::Running { pool, database } => (pool.clone(), (**database).clone()),
+            Phase::Running {
+                pool,
+                database,
+                since,
+            } => (pool.clone(), (**database).clone(), *since),
         };
         let missing = self.inner.missing_topics.names();
         if !missing.is_empty() {
@@ -97,8 +135,65 @@ impl Readiness {
                 missing.join(", ")
             ));
         }
+        if let Some((down, reason)) = self.inner.client.brokers_down() {
+            return Some(format!(
+                "no Kafka broker answers ({reason}) for {} s: check kafka.brokers, the network \
+                 and the brokers' listeners",
+                down.as_secs()
+            ));
+        }
         if !self.inner.joined.load(Ordering::Relaxed) {
-            return Some("the consumer has not joined its group yet".to_owned());
+            let waited = since.elapsed();
+            if waited < NOT_JOINED_TOO_LONG {
+                return Some("the consumer has not joined its group yet".to_owned());
+            }
+            let reason = format!(
+                "the consumer has not joined its group after {} s: the group's coordinator keeps \
+                 it out (another replica running with the same kafka.group_instance_id, or a \
+                 group of the other kafka.group_protocol that the broker cannot migrate?)",
+                waited.as_secs()
+            );
+            if !self.inner.told_not_joined.swap(true, Ordering::Relaxed) {
+                warn!("{reason}");
+            }
+            return Some(reason);
+        }
+        let undecodable = self.inner.client.undecodable();
+        if !undecodable.is_empty() {
+            let partitions: Vec<String> = undecodable
+                .iter()
+                .map(|(tp, undecodable)| {
+                    format!(
+                        "{tp} at offset {} ({}: {})",
+                        undecodable.failure.offset,
+                        undecodable.failure.codec_name(),
+                        undecodable.failure.cause
+                    )
+                })
+                .collect();
+            return Some(format!(
+                "partitions stand still at record batches the Kafka client cannot decompress: \
+                 {}; {}",
+                partitions.join(", "),
+                undecodable[0].1.failure.advice()
+            ));
+        }
+        if let Some((lasting, error)) = self.inner.client.commits_refused(Instant::now()) {
+            return Some(format!(
+                "every offset commit has been refused for {} s ({error}): the group's \
+                 coordinator does not know this member (kafka.group_protocol changed while \
+                 members of the other protocol run, or two replicas with one \
+                 kafka.group_instance_id?)",
+                lasting.as_secs()
+            ));
+        }
+        let behind = self.inner.behind.findings();
+        if !behind.is_empty() {
+            return Some(format!(
+                "the database lacks records the group committed past (restored from a backup, \
+                 or emptied?): {}",
+                behind.join("; ")
+            ));
         }
         if let Some(reason) = self
             .inner

@@ -107,6 +107,7 @@ mod tests {
         let position = CommitPosition {
             tp: tp(0),
             epoch: assigned[0].1,
+            generation: 0,
             offset: 10,
         };
         assignments.confirm(std::slice::from_ref(&position));
@@ -133,6 +134,7 @@ mod tests {
         let position = CommitPosition {
             tp: tp(0),
             epoch: assigned[0].1,
+            generation: 0,
             offset: 10,
         };
         let (checked, check_done) = std::sync::mpsc::channel();

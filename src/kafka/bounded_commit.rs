@@ -5,13 +5,14 @@
 //! was on the wire when the broker died waits for `socket.timeout.ms` (60 s) — a stop or a
 //! revoke that commits then takes that long, or longer with retries. Here the commit is handed
 //! to librdkafka with a queue of our own for its result (`rd_kafka_commit_queue`, which only
-//! queues the commit: librdkafka sends commits in the order they were queued), and that queue
-//! is polled until the deadline, in a second step, so that the caller can queue under a lock
-//! and wait without it. A commit whose verdict did not arrive in time counts as not done
-//! (`OperationTimedOut`): it may still land later, which is harmless — a position is only ever
-//! counted as committed once confirmed.
+//! queues the commit), and that queue is polled until the deadline, in a second step, so that
+//! the caller can queue under a lock and wait without it. A commit whose verdict did not arrive
+//! in time is not done, but not over either: librdkafka may still send it (it holds commits
+//! while the coordinator is unavailable and sends them when it returns, behind whatever was
+//! queued meanwhile), so the [`QueuedCommit`] is kept, and its verdict read later, rather than
+//! dropped — see `CommitTurn` in the context.
 
-use std::marker::PhantomData;
+use std::ptr::NonNull;
 use std::time::Instant;
 
 use rdkafka::TopicPartitionList;
@@ -20,53 +21,68 @@ use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
 
-/// A commit handed to librdkafka, whose verdict is still to be read. Borrows the client, which
-/// must outlive the queue.
-pub struct QueuedCommit<'client> {
-    queue: *mut rdsys::rd_kafka_queue_t,
-    client: PhantomData<&'client ()>,
+/// A commit handed to librdkafka, whose verdict is still to be read from a queue of its own.
+/// It must be dropped before the client it was queued on is destroyed.
+pub struct QueuedCommit {
+    queue: NonNull<rdsys::rd_kafka_queue_t>,
+}
+
+// SAFETY: a librdkafka queue may be polled and destroyed from any thread; the QueuedCommit is
+// its only handle, so it is never used from two threads at once.
+unsafe impl Send for QueuedCommit {}
+
+/// What the broker said about a commit, as far as is known by a deadline.
+#[derive(Debug)]
+pub enum Verdict {
+    /// The commit, and every partition in it, was confirmed.
+    Confirmed,
+    /// The broker (or librdkafka) refused it.
+    Refused(KafkaError),
+    /// No verdict yet: librdkafka still holds or sends it.
+    Pending,
 }
 
 /// Queues a commit of `offsets`; returns at once, without waiting for the broker.
-pub fn queue_commit<'client, C: ConsumerContext>(
-    consumer: &'client impl Consumer<C>,
+pub fn queue_commit<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
     offsets: &TopicPartitionList,
-) -> Result<QueuedCommit<'client>, KafkaError> {
+) -> Result<QueuedCommit, KafkaError> {
     let rk = consumer.client().native_ptr();
-    // SAFETY: `rk` is the live client behind `consumer`, borrowed for as long as the queue
-    // lives; the queue is ours, destroyed when the QueuedCommit is dropped (or here, on
-    // failure); `offsets` is copied by librdkafka before the call returns.
+    // SAFETY: `rk` is the live client behind `consumer`; the queue is ours, destroyed when the
+    // QueuedCommit is dropped (or here, on failure); `offsets` is copied by librdkafka before
+    // the call returns.
     unsafe {
-        let queue = rdsys::rd_kafka_queue_new(rk);
-        let err =
-            rdsys::rd_kafka_commit_queue(rk, offsets.ptr(), queue, None, std::ptr::null_mut());
+        let queue = NonNull::new(rdsys::rd_kafka_queue_new(rk))
+            .expect("librdkafka allocates queues or aborts");
+        let err = rdsys::rd_kafka_commit_queue(
+            rk,
+            offsets.ptr(),
+            queue.as_ptr(),
+            None,
+            std::ptr::null_mut(),
+        );
         if err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
-            rdsys::rd_kafka_queue_destroy(queue);
+            rdsys::rd_kafka_queue_destroy(queue.as_ptr());
             return Err(KafkaError::ConsumerCommit(err.into()));
         }
-        Ok(QueuedCommit {
-            queue,
-            client: PhantomData,
-        })
+        Ok(QueuedCommit { queue })
     }
 }
 
-impl QueuedCommit<'_> {
-    /// Waits for the broker's verdict until `deadline` (polling at least once). `Ok` only when
-    /// the commit, and every partition in it, was confirmed.
-    pub fn wait(self, deadline: Instant) -> Result<(), KafkaError> {
+impl QueuedCommit {
+    /// Waits for the broker's verdict until `deadline` (polling at least once). After a
+    /// `Confirmed` or `Refused`, nothing more comes.
+    pub fn wait(&self, deadline: Instant) -> Verdict {
         // SAFETY: the queue is live until `self` drops; each event polled is destroyed after
         // its fields were read.
         unsafe {
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 let timeout_ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-                let event = rdsys::rd_kafka_queue_poll(self.queue, timeout_ms);
+                let event = rdsys::rd_kafka_queue_poll(self.queue.as_ptr(), timeout_ms);
                 if event.is_null() {
                     if Instant::now() >= deadline {
-                        return Err(KafkaError::ConsumerCommit(
-                            RDKafkaErrorCode::OperationTimedOut,
-                        ));
+                        return Verdict::Pending;
                     }
                     continue;
                 }
@@ -80,20 +96,33 @@ impl QueuedCommit<'_> {
                 }
                 rdsys::rd_kafka_event_destroy(event);
                 return if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
-                    Ok(())
+                    Verdict::Confirmed
                 } else {
-                    Err(KafkaError::ConsumerCommit(err.into()))
+                    Verdict::Refused(KafkaError::ConsumerCommit(err.into()))
                 };
             }
         }
     }
 }
 
-impl Drop for QueuedCommit<'_> {
+impl Verdict {
+    /// As a result: a verdict still pending is a commit that timed out.
+    pub fn into_result(self) -> Result<(), KafkaError> {
+        match self {
+            Verdict::Confirmed => Ok(()),
+            Verdict::Refused(err) => Err(err),
+            Verdict::Pending => Err(KafkaError::ConsumerCommit(
+                RDKafkaErrorCode::OperationTimedOut,
+            )),
+        }
+    }
+}
+
+impl Drop for QueuedCommit {
     fn drop(&mut self) {
         // A verdict that arrives after this is dropped with the queue.
         // SAFETY: the queue is ours and destroyed once, here.
-        unsafe { rdsys::rd_kafka_queue_destroy(self.queue) }
+        unsafe { rdsys::rd_kafka_queue_destroy(self.queue.as_ptr()) }
     }
 }
 

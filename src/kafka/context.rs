@@ -26,7 +26,9 @@
 //! while its assignment is current and it is ahead of what its assignment confirmed, so the
 //! group's position never moves backwards by our doing, whichever path commits and in whatever
 //! order they race. The check and the queueing happen under the ledger's lock, the wait for the
-//! broker's verdict without it: no commit waits for another's broker.
+//! broker's verdict without it. And only one commit is with librdkafka at a time
+//! ([`CommitTurn`]): librdkafka sends a commit it held for an unavailable coordinator behind
+//! later ones, so a later commit is queued only once the one before has its verdict.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,11 +40,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::statistics::Statistics;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::assignments::Assignments;
-use super::bounded_commit::queue_commit;
-use super::error_log::ClientErrorLog;
+use super::bounded_commit::{Verdict, queue_commit};
+use super::client_health::{ClientHealth, FetchPosition};
+use super::commit_turn::{CommitTurn, Outstanding};
+use super::error_log::{ClientErrorLog, error_name};
+use super::fetch_sizing::SizingWatch;
 use super::messages::{Lost, Revoke};
 use super::topic_watch::TopicWatchSettings;
 use crate::config::GroupProtocol;
@@ -76,6 +81,15 @@ pub enum RebalanceEvent {
     },
 }
 
+impl RebalanceEvent {
+    /// The partitions assigned or revoked.
+    pub fn partitions(&self) -> impl Iterator<Item = &TopicPartition> {
+        let (RebalanceEvent::Assigned(partitions) | RebalanceEvent::Revoked { partitions, .. }) =
+            self;
+        partitions.iter().map(|(tp, _)| tp)
+    }
+}
+
 /// State shared between the callbacks, the supervisor and the health endpoints.
 pub struct SupervisorContext {
     committer: CommitterLink,
@@ -88,6 +102,8 @@ pub struct SupervisorContext {
     /// The current assignments (each partition's epoch) and what the broker confirmed for
     /// each, under one lock that orders every commit against the end of an assignment.
     assignments: Assignments,
+    /// One commit with librdkafka at a time: commits leave in the order they were made.
+    turn: CommitTurn,
     /// True once the consumer has joined its group and received an assignment (maybe empty).
     joined: Arc<AtomicBool>,
     /// Set once the final commit is done and the consumer is being closed: the revoke that
@@ -102,6 +118,10 @@ pub struct SupervisorContext {
     static_member: bool,
     /// What the supervisor's topic watch looks for ([`super::topic_watch`]).
     topic_watch: Option<TopicWatchSettings>,
+    /// Brokers unreachable, batches that cannot be decompressed: what readiness reports.
+    health: Arc<ClientHealth>,
+    /// The watch that the fetch requests' sizing still holds.
+    sizing: Option<SizingWatch>,
 }
 
 impl SupervisorContext {
@@ -118,13 +138,34 @@ impl SupervisorContext {
             events: Mutex::new(Vec::new()),
             notify: tokio::sync::Notify::new(),
             assignments: Assignments::default(),
+            turn: CommitTurn::default(),
             joined,
             closing: AtomicBool::new(false),
             errors: ClientErrorLog::default(),
             protocol: GroupProtocol::Classic,
             static_member: false,
             topic_watch: None,
+            health: Arc::default(),
+            sizing: None,
         }
+    }
+
+    /// Reports the client's troubles (every broker down, batches it cannot decompress) to
+    /// `health`, which readiness reads.
+    pub fn with_health(mut self, health: Arc<ClientHealth>) -> Self {
+        self.health = health;
+        self
+    }
+
+    /// Watches that the fetch requests' sizing still holds ([`super::fetch_sizing`]).
+    pub fn with_sizing(mut self, sizing: SizingWatch) -> Self {
+        self.sizing = Some(sizing);
+        self
+    }
+
+    /// The client's troubles.
+    pub fn health(&self) -> &ClientHealth {
+        &self.health
     }
 
     /// Has the supervisor watch that the configured topics exist.
@@ -186,6 +227,9 @@ impl SupervisorContext {
     /// Ends the assignments: from now on their positions are the next owner's to commit.
     fn forget(&self, partitions: &[(TopicPartition, Epoch)]) {
         self.assignments.forget(partitions);
+        for (tp, _) in partitions {
+            self.health.forget(tp);
+        }
     }
 
     /// How long a periodic commit may wait for the broker's verdict (`kafka.revoke_timeout_ms`,
@@ -197,8 +241,10 @@ impl SupervisorContext {
     /// Commits the positions that are ahead of what the broker confirmed, waits for the broker's
     /// verdict until `deadline`, and reports what is committed now. A position of a partition
     /// no longer assigned here (its epoch is over) is not sent: it is its next owner's to
-    /// commit. A commit still waiting at the deadline counts as not made. The ledger's lock is
-    /// held only to check the positions and queue the commit, never while the broker answers.
+    /// commit. A commit still waiting at the deadline counts as not made, and stays
+    /// outstanding: no later commit is sent before its verdict came ([`CommitTurn`]). The
+    /// ledger's lock is held only to check the positions and queue the commit, never while
+    /// the broker answers.
     pub fn commit<C: Consumer<SupervisorContext>>(
         &self,
         consumer: &C,
@@ -206,6 +252,25 @@ impl SupervisorContext {
         reason: CommitReason,
         deadline: Instant,
     ) -> (CommitOutcome, Option<KafkaError>) {
+        let not_sent = || CommitOutcome {
+            confirmed: Vec::new(),
+            failed: positions.to_vec(),
+        };
+        let Some(mut turn) = self.turn.take(deadline) else {
+            // Another thread's commit is with the broker past this one's deadline.
+            self.stats.commit(reason.as_str(), "held");
+            return (not_sent(), Some(timed_out()));
+        };
+        if let Some(earlier) = turn.take() {
+            match earlier.commit.wait(deadline) {
+                Verdict::Pending => {
+                    self.held_back(&earlier, positions, reason);
+                    *turn = Some(earlier);
+                    return (not_sent(), Some(timed_out()));
+                }
+                verdict => self.late_verdict(earlier, verdict),
+            }
+        }
         let mut queued_at = None;
         let (plan, queued) = self.assignments.plan_and_send(positions, reason, |send| {
             // Taken under the ledger's lock: the order of these is the order commits leave in.
@@ -218,13 +283,81 @@ impl SupervisorContext {
         let Some(queued) = queued else {
             return (CommitLedger::outcome(plan, true), None);
         };
-        let result = queued.and_then(|queued| queued.wait(deadline));
+        let result = match queued {
+            Ok(commit) => match commit.wait(deadline) {
+                Verdict::Pending => {
+                    *turn = Some(Outstanding {
+                        commit,
+                        positions: plan.send.clone(),
+                        reason,
+                        queued_at: queued_at.unwrap_or_else(chrono::Utc::now),
+                        since: Instant::now(),
+                    });
+                    Err(timed_out())
+                }
+                verdict => verdict.into_result(),
+            },
+            Err(err) => Err(err),
+        };
+        drop(turn);
         match self.verdict(result, &plan.send, reason, queued_at) {
             Ok(()) => {
                 self.assignments.confirm(&plan.send);
                 (CommitLedger::outcome(plan, true), None)
             }
             Err(err) => (CommitLedger::outcome(plan, false), Some(err)),
+        }
+    }
+
+    /// The verdict of a commit that was outstanding, read by a later one: a confirmation counts
+    /// (for the assignments still current), a refusal is told as any other.
+    fn late_verdict(&self, earlier: Outstanding, verdict: Verdict) {
+        let waited = earlier.since.elapsed();
+        let confirmed = matches!(verdict, Verdict::Confirmed);
+        info!(
+            reason = earlier.reason.as_str(),
+            partitions = earlier.positions.len(),
+            confirmed,
+            after_ms = waited.as_millis() as u64,
+            "an offset commit that was still with the broker at its deadline has its verdict"
+        );
+        if self
+            .verdict(
+                verdict.into_result(),
+                &earlier.positions,
+                earlier.reason,
+                Some(earlier.queued_at),
+            )
+            .is_ok()
+        {
+            self.assignments.confirm(&earlier.positions);
+        }
+    }
+
+    /// A commit not sent, because the one before it still has no verdict.
+    fn held_back(&self, earlier: &Outstanding, positions: &[CommitPosition], reason: CommitReason) {
+        self.stats.commit(reason.as_str(), "held");
+        warn!(
+            reason = reason.as_str(),
+            partitions = positions.len(),
+            earlier_reason = earlier.reason.as_str(),
+            waiting_ms = earlier.since.elapsed().as_millis() as u64,
+            "offset commit not sent: the previous one still awaits the broker's verdict (the \
+             group's coordinator is unavailable or does not answer; librdkafka holds that commit \
+             and would send it after this one, moving the positions back)"
+        );
+    }
+
+    /// Forgets the commit outstanding, for the close (see [`CommitTurn::release`]).
+    pub fn release_outstanding_commit(&self) {
+        if let Some(earlier) = self.turn.release() {
+            info!(
+                reason = earlier.reason.as_str(),
+                partitions = earlier.positions.len(),
+                waiting_ms = earlier.since.elapsed().as_millis() as u64,
+                "closing with an offset commit still awaiting the broker's verdict: counted as \
+                 not made"
+            );
         }
     }
 
@@ -503,6 +636,7 @@ impl SupervisorContext {
             Ok(()) => {
                 log_committed(positions, reason, queued_at);
                 stats.commit(reason, "ok");
+                self.health.commit_confirmed();
                 Ok(())
             }
             Err(err) if refused == Some(Refusal::StaleEpoch) => {
@@ -524,6 +658,22 @@ impl SupervisorContext {
                 // next tick, or by the revoke of this very rebalance).
                 info!(error = %err, reason, partitions = positions.len(), "offset commit refused during a rebalance");
                 stats.commit(reason, "error");
+                if let Some(lasting) = self.health.commit_refused(&err.to_string(), Instant::now())
+                {
+                    // No rebalance lasts this long: the coordinator does not take this member
+                    // for one of the group's.
+                    error!(
+                        error = %err,
+                        refused_for_s = lasting.as_secs(),
+                        "every offset commit has been refused for {} s as from a member the \
+                         group's coordinator does not know: nothing is committed, and every \
+                         record since is read again after a restart. If kafka.group_protocol \
+                         was changed while members of the other protocol still run in the \
+                         group, stop them (or switch them too); if another replica runs with \
+                         the same kafka.group_instance_id, give each its own",
+                        lasting.as_secs(),
+                    );
+                }
                 Err(err)
             }
             Err(err) => {
@@ -557,6 +707,7 @@ fn log_committed(
             partition = position.tp.partition,
             offset = position.offset,
             epoch = position.epoch,
+            generation = position.generation,
             reason,
             queued_at = %queued_at,
             "offset committed"
@@ -566,17 +717,45 @@ fn log_committed(
 
 impl ClientContext for SupervisorContext {
     fn stats(&self, statistics: Statistics) {
+        let mut positions = Vec::new();
         for (topic, stats) in &statistics.topics {
             for (partition, stats) in &stats.partitions {
                 let tp = TopicPartition::new(topic, *partition);
-                if stats.consumer_lag >= 0 && self.assignments.epoch_of(&tp).is_some() {
-                    metrics::set_consumer_lag(&tp, stats.consumer_lag);
+                if self.assignments.epoch_of(&tp).is_none() {
+                    continue;
+                }
+                let offsets = [stats.committed_offset, stats.consumer_lag];
+                if let Some(lag) = lag_of(offsets, stats.lo_offset, stats.ls_offset) {
+                    metrics::set_consumer_lag(&tp, lag.records);
+                    if let Some(start) = lag.never_committed_from {
+                        metrics::set_committed_offset(&tp, start);
+                    }
+                }
+                if stats.next_offset >= 0 && stats.hi_offset >= 0 {
+                    let position = FetchPosition {
+                        next: stats.next_offset,
+                        end: stats.hi_offset,
+                    };
+                    positions.push((tp, position));
                 }
             }
+        }
+        self.health.place_failures(&positions, Instant::now());
+        if statistics
+            .brokers
+            .values()
+            .any(|broker| broker.nodeid >= 0 && broker.state == "UP")
+        {
+            self.health.broker_up();
+        }
+        if let Some(sizing) = &self.sizing {
+            sizing.observe(&statistics);
         }
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        self.health
+            .client_error(Some(&error_name(&error)), reason, Instant::now());
         self.errors.client_error(&error, reason);
     }
 }
@@ -595,6 +774,36 @@ impl ConsumerContext for SupervisorContext {
             Rebalance::Error(err) => warn!(error = %err, "rebalance error"),
         }
     }
+}
+
+/// A partition's lag as the statistics tell it.
+#[derive(Debug, PartialEq, Eq)]
+struct Lag {
+    records: i64,
+    /// The group never committed this partition: it starts at the log start (the projection
+    /// reads from the earliest record), given here so that the committed position is exported
+    /// from the assignment on and a group stuck at its first record is seen on the dashboard.
+    never_committed_from: Option<i64>,
+}
+
+/// librdkafka reports no lag (-1) for a partition its group never committed; such a group
+/// has the whole log ahead of it, from the log start to the last stable offset.
+fn lag_of([committed, consumer_lag]: [i64; 2], log_start: i64, last_stable: i64) -> Option<Lag> {
+    if committed >= 0 {
+        return (consumer_lag >= 0).then_some(Lag {
+            records: consumer_lag,
+            never_committed_from: None,
+        });
+    }
+    (log_start >= 0 && last_stable >= log_start).then_some(Lag {
+        records: last_stable - log_start,
+        never_committed_from: Some(log_start),
+    })
+}
+
+/// A commit without its verdict by its deadline.
+fn timed_out() -> KafkaError {
+    KafkaError::ConsumerCommit(RDKafkaErrorCode::OperationTimedOut)
 }
 
 #[cfg(test)]
@@ -627,5 +836,27 @@ mod tests {
         }
         assert_eq!(refused(CoordinatorNotAvailable, Consumer), Refusal::Other);
         assert!(refused(RequestTimedOut, Classic).may_pass());
+    }
+
+    #[test]
+    fn a_partition_never_committed_lags_by_the_whole_log_from_its_start() {
+        // librdkafka: no committed offset (-1001), no lag (-1); the log holds 40..100.
+        assert_eq!(
+            lag_of([-1001, -1], 40, 100),
+            Some(Lag {
+                records: 60,
+                never_committed_from: Some(40)
+            })
+        );
+        assert_eq!(
+            lag_of([70, 30], 40, 100),
+            Some(Lag {
+                records: 30,
+                never_committed_from: None
+            })
+        );
+        // Nothing known yet: nothing exported rather than a made-up figure.
+        assert_eq!(lag_of([-1001, -1], -1, -1), None);
+        assert_eq!(lag_of([70, -1], 40, 100), None);
     }
 }

@@ -311,6 +311,9 @@ impl rdkafka::client::ClientContext for LoggedClientContext {
     }
 }
 
+/// The checking client reads as a consumer; it never joins a group, so nothing to add.
+impl rdkafka::consumer::ConsumerContext for LoggedClientContext {}
+
 fn log_summary(summary: Option<Summary>) {
     let Some(summary) = summary else {
         return;

@@ -9,6 +9,7 @@
 //! wait), every partition is paused, the client is polled for callbacks alone, and fetching
 //! restarts once the service holds half of its budget or less.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,9 +43,25 @@ impl Intake {
         let changed = Arc::new(Notify::new());
         let records = metrics::gauge!(crate::metrics::HELD_RECORDS);
         let bytes = metrics::gauge!(crate::metrics::HELD_BYTES);
+        let peak_gauge = metrics::gauge!(crate::metrics::HELD_RECORDS_PEAK);
+        peak_gauge.set(0.0);
+        // The peak as a number to compare without a lock, and under the lock the one that is
+        // set, so that the gauge never ends below the peak when two threads pass it at once.
+        let seen = std::sync::atomic::AtomicUsize::new(0);
+        let peak = Mutex::new(0_usize);
         let observer = {
             let changed = changed.clone();
             move |before: Level, after: Level| {
+                // Every level the budget passes through is seen here, so the peak misses no
+                // overshoot, however short, as a sampled gauge would.
+                if after.records > seen.load(Ordering::Relaxed) {
+                    let mut peak = peak.lock().unwrap();
+                    if after.records > *peak {
+                        *peak = after.records;
+                        seen.store(after.records, Ordering::Relaxed);
+                        peak_gauge.set(after.records as f64);
+                    }
+                }
                 // By the change, not the level: releases on several threads can report their
                 // levels out of order, and a gauge set last to a stale level would stay wrong.
                 records.increment(after.records as f64 - before.records as f64);

@@ -2,16 +2,24 @@
 //! rebalance events the Kafka supervisor consumes.
 
 pub mod assignments;
+pub mod authentication;
 pub mod bounded_commit;
+pub mod client_health;
+pub mod client_memory;
+pub mod commit_turn;
 pub mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;
 pub mod error_log;
+pub mod features;
+pub mod fetch_sizing;
 pub mod intake;
 pub mod messages;
+pub mod passed_over;
 pub mod properties;
 pub mod replay;
 pub mod reset_watch;
+pub mod tail;
 pub mod topic_watch;
 
 use std::sync::Arc;
@@ -27,9 +35,10 @@ use secrecy::ExposeSecret;
 pub use context::{RebalanceEvent, SupervisorContext};
 
 use crate::config::{ConfigError, GroupProtocol, KafkaSettings};
-use crate::domain::budget::{Held, Split};
+use crate::domain::budget::{Fetch, Held, Split};
 use crate::domain::{Record, TopicPartition};
 use intake::Intake;
+use passed_over::HandedOver;
 
 /// The consumer could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -86,17 +95,22 @@ pub enum KafkaItem {
     /// A record, with its share of the budget.
     Record(TopicPartition, Record, Held),
     Rebalance(RebalanceEvent),
+    /// The client's position in a partition moved past offsets it handed no record of
+    /// (transaction markers, records of aborted transactions): nothing below it is to come in
+    /// this assignment beyond the records handed over before this item.
+    PassedOver(TopicPartition, i64),
     /// A consumer error; librdkafka retries by itself, so these are reported, not fatal.
     Error(KafkaError),
 }
 
 /// The librdkafka settings of the consumer. Offsets are only ever committed explicitly, and
 /// only positions the OffsetCommitter computed: no auto-commit, no auto offset store. Its
-/// prefetch is the client's half of the instance's budget (`budget`), unless
-/// `kafka.fetch_queue_*` set the queue explicitly.
+/// prefetch is the client's half of the instance's budget (`budget`: its queue, unless
+/// `kafka.fetch_queue_*` set it within the budget, and `fetch`, the size of its requests).
 pub fn consumer_config(
     settings: &KafkaSettings,
     budget: &Split,
+    fetch: &Fetch,
 ) -> Result<ClientConfig, ConfigError> {
     let mut config = ClientConfig::new();
     let or_budget = |explicit: u64, derived: usize| match explicit {
@@ -113,6 +127,8 @@ pub fn consumer_config(
         // must not skip history.
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false")
+        // Events of aborted producer transactions never happened: never recorded.
+        .set("isolation.level", "read_committed")
         // A topic created later, or partitions added to one, are seen within this (librdkafka's
         // default is 5 minutes).
         .set(
@@ -125,8 +141,9 @@ pub fn consumer_config(
         )
         .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
         // The client fetches while its queue holds less than this (in all: every partition
-        // goes through its one consumer queue), and one response adds at most
-        // fetch.max.bytes: together, the client's half of the budget.
+        // goes through its one consumer queue), and one response per broker adds at most
+        // fetch.max.bytes on the wire, decompressed whole: together, the client's half of the
+        // budget (`Split::fetch`).
         .set(
             "queued.max.messages.kbytes",
             or_budget(settings.fetch_queue_kbytes, budget.queue_kbytes),
@@ -135,11 +152,12 @@ pub fn consumer_config(
             "queued.min.messages",
             or_budget(settings.fetch_queue_messages, budget.queue_records),
         )
-        .set("fetch.max.bytes", budget.fetch_max_bytes.to_string())
+        .set("fetch.max.bytes", fetch.max_bytes.to_string())
         .set(
             "max.partition.fetch.bytes",
-            budget.partition_fetch_bytes.to_string(),
+            fetch.partition_bytes.to_string(),
         )
+        .set("message.max.bytes", fetch.message_max_bytes.to_string())
         // With the prefetch bounded, a partition whose queue is full is fetched again as soon
         // as it drains; librdkafka's default (1 s) idles the consumer during a backlog.
         .set("fetch.queue.backoff.ms", "10")
@@ -180,18 +198,55 @@ pub fn consumer_config(
 /// The settings of a producer to the same cluster (dead-letter topic, replays): the brokers and
 /// the pass-through security properties.
 pub fn producer_config(settings: &KafkaSettings) -> Result<ClientConfig, ConfigError> {
+    let mut config = cluster_config(settings, "producer")?;
+    config
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5");
+    Ok(config)
+}
+
+/// The brokers, a client id of `role`, and the pass-through properties a client that is not
+/// the group's consumer takes (security, networking).
+fn cluster_config(settings: &KafkaSettings, role: &str) -> Result<ClientConfig, ConfigError> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", &settings.brokers)
-        .set("client.id", format!("{}-producer", settings.client_id))
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5");
+        .set("client.id", format!("{}-{role}", settings.client_id));
     for (key, value) in settings.librdkafka_properties()? {
         if !CONSUMER_ONLY.iter().any(|prefix| key.starts_with(prefix)) {
             config.set(key, value.expose_secret());
         }
     }
     Ok(config)
+}
+
+/// How many brokers the cluster has, from one metadata request (bounded by `timeout`): the
+/// consumer fetches from every broker that leads a partition it reads, each response costing
+/// memory of its own, so its fetches are sized by this.
+pub fn cluster_brokers(
+    settings: &KafkaSettings,
+    timeout: Duration,
+) -> Result<usize, KafkaSetupError> {
+    let config = cluster_config(settings, "metadata")?;
+    let client: rdkafka::consumer::BaseConsumer =
+        create_client("metadata client", settings, || config.create())?;
+    // One topic's metadata lists every broker too, without every topic of a large cluster.
+    let topic = settings.topics.first().map(String::as_str);
+    let metadata = client.fetch_metadata(topic, timeout)?;
+    Ok(metadata.brokers().len())
+}
+
+/// The service's copy of a record the client handed over.
+pub(crate) fn record_of(message: &impl Message) -> Record {
+    Record {
+        offset: message.offset(),
+        key: message.key().map(<[u8]>::to_vec),
+        payload: message.payload().map(<[u8]>::to_vec),
+        timestamp_ms: match message.timestamp() {
+            Timestamp::NotAvailable => None,
+            Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
+        },
+    }
 }
 
 /// Consumer properties a producer must not be given (librdkafka warns about each).
@@ -207,14 +262,15 @@ const CONSUMER_ONLY: [&str; 9] = [
     "max.poll",
 ];
 
-/// Creates the consumer and subscribes it. Configuration errors (an unknown librdkafka property,
-/// a bad value) surface here, at start-up.
+/// Creates the consumer and subscribes it, its fetches sized for `fetch`. Configuration errors
+/// (an unknown librdkafka property, a bad value) surface here, at start-up.
 pub fn subscribe(
     settings: &KafkaSettings,
     budget: &Split,
+    fetch: &Fetch,
     context: SupervisorContext,
 ) -> Result<Arc<HistoryConsumer>, KafkaSetupError> {
-    let config = consumer_config(settings, budget)?;
+    let config = consumer_config(settings, budget, fetch)?;
     let consumer: HistoryConsumer =
         create_client("consumer", settings, || config.create_with_context(context))?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
@@ -233,46 +289,92 @@ pub fn item_stream(
     max_wait: Duration,
 ) -> impl Stream<Item = KafkaItem> {
     let known: Vec<TopicPartition> = Vec::new();
-    let state = (consumer, intake, known);
-    futures::stream::unfold(state, move |(consumer, intake, mut known)| async move {
-        let received = tokio::select! {
-            biased;
-            _ = consumer.context().notify.notified() => None,
-            received = next_record(&consumer, &intake, max_wait) => received,
-        };
-        let mut items: Vec<KafkaItem> = consumer
-            .context()
-            .take_events()
-            .into_iter()
-            .map(KafkaItem::Rebalance)
-            .collect();
-        match received {
-            Some(Ok(message)) => {
-                let tp = intern(&mut known, message.topic(), message.partition());
-                let record = Record {
-                    offset: message.offset(),
-                    key: message.key().map(<[u8]>::to_vec),
-                    payload: message.payload().map(<[u8]>::to_vec),
-                    timestamp_ms: match message.timestamp() {
-                        Timestamp::NotAvailable => None,
-                        Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
-                    },
-                };
-                drop(message);
-                let held = intake.take(&record);
-                if intake.flow(|flow| flow.is_instance_paused()) {
-                    // Assigned after the pause: kept (it is counted), and paused with the rest.
-                    let changes = intake.flow(|flow| flow.fetched_while_paused(tp.clone()));
-                    intake::apply(consumer.as_ref(), &changes);
+    let mut positions = tokio::time::interval(PASSED_OVER_CHECK);
+    positions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let state = (consumer, intake, known, HandedOver::default(), positions);
+    futures::stream::unfold(
+        state,
+        move |(consumer, intake, mut known, mut handed, mut positions)| async move {
+            let mut check_positions = false;
+            let received = tokio::select! {
+                biased;
+                _ = consumer.context().notify.notified() => None,
+                _ = positions.tick() => {
+                    check_positions = true;
+                    None
                 }
-                items.push(KafkaItem::Record(tp, record, held));
+                received = next_record(&consumer, &intake, max_wait) => received,
+            };
+            let mut items: Vec<KafkaItem> = consumer
+                .context()
+                .take_events()
+                .into_iter()
+                .map(KafkaItem::Rebalance)
+                .collect();
+            for item in &items {
+                if let KafkaItem::Rebalance(event) = item {
+                    for tp in event.partitions() {
+                        handed.forget(tp);
+                    }
+                }
             }
-            Some(Err(err)) => items.push(KafkaItem::Error(err)),
-            None => {}
-        }
-        Some((futures::stream::iter(items), (consumer, intake, known)))
-    })
+            if check_positions {
+                items.extend(passed_over(&consumer, &mut known, &mut handed));
+            }
+            match received {
+                Some(Ok(message)) => {
+                    // A record came from a broker: whatever said they were all down is over.
+                    consumer.context().health().broker_up();
+                    let tp = intern(&mut known, message.topic(), message.partition());
+                    let record = record_of(&message);
+                    drop(message);
+                    handed.record(&tp, record.offset);
+                    let held = intake.take(&record);
+                    if intake.flow(|flow| flow.is_instance_paused()) {
+                        // Assigned after the pause: kept (it is counted), and paused with the rest.
+                        let changes = intake.flow(|flow| flow.fetched_while_paused(tp.clone()));
+                        intake::apply(consumer.as_ref(), &changes);
+                    }
+                    items.push(KafkaItem::Record(tp, record, held));
+                }
+                Some(Err(err)) => items.push(KafkaItem::Error(err)),
+                None => {}
+            }
+            Some((
+                futures::stream::iter(items),
+                (consumer, intake, known, handed, positions),
+            ))
+        },
+    )
     .flatten()
+}
+
+/// How often the client's positions are compared with the records it handed over.
+const PASSED_OVER_CHECK: Duration = Duration::from_secs(1);
+
+/// The partitions whose client position moved past the last record handed over (see
+/// [`passed_over`](self::passed_over)). Read between polls, on the polling task: every record
+/// the client handed over before is already among the items yielded.
+fn passed_over(
+    consumer: &HistoryConsumer,
+    known: &mut Vec<TopicPartition>,
+    handed: &mut HandedOver,
+) -> Vec<KafkaItem> {
+    let Ok(positions) = consumer.position() else {
+        return Vec::new();
+    };
+    positions
+        .elements()
+        .iter()
+        .filter_map(|element| {
+            let rdkafka::Offset::Offset(position) = element.offset() else {
+                return None;
+            };
+            let tp = intern(known, element.topic(), element.partition());
+            let passed = handed.passed_over(&tp, position)?;
+            Some(KafkaItem::PassedOver(tp, passed))
+        })
+        .collect()
 }
 
 /// The next message to take, or `None` when only the fetching state changed.
@@ -333,7 +435,9 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let settings = Settings::read_from(None, Some(environment)).unwrap();
-        consumer_config(&settings.kafka, &settings.pipeline.budget()).unwrap()
+        let budget = settings.pipeline.budget();
+        let fetch = budget.fetch(3, settings.kafka.max_compression_ratio as usize);
+        consumer_config(&settings.kafka, &budget, &fetch).unwrap()
     }
 
     /// librdkafka checks the properties against each other only when a client is created.

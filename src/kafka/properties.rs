@@ -6,6 +6,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaConfRes;
 use secrecy::ExposeSecret;
 
+use super::authentication::{self, Host};
 use crate::config::{ConfigError, KafkaSettings, redact};
 
 /// Checks each pass-through property on its own against librdkafka, so a misspelled name or a
@@ -14,11 +15,7 @@ use crate::config::{ConfigError, KafkaSettings, redact};
 pub fn validate(kafka: &KafkaSettings) -> Result<(), ConfigError> {
     let properties = kafka.librdkafka_properties()?;
     for (key, value) in &properties {
-        let origin = if kafka.property_files.contains_key(key) {
-            "kafka.property_files"
-        } else {
-            "kafka.properties"
-        };
+        let origin = origin(kafka, key);
         let mut single = rdkafka::ClientConfig::new();
         single.set(key.as_str(), value.expose_secret());
         if let Err(err) = single.create_native_config() {
@@ -28,7 +25,21 @@ pub fn validate(kafka: &KafkaSettings) -> Result<(), ConfigError> {
             });
         }
     }
-    Ok(())
+    authentication::check(&properties, &Host::current()).map_err(|refusal| {
+        ConfigError::InvalidProperty {
+            key: format!("{}.{}", origin(kafka, refusal.property), refusal.property),
+            reason: refusal.reason,
+        }
+    })
+}
+
+/// Where a property was configured: `kafka.property_files` or `kafka.properties`.
+fn origin(kafka: &KafkaSettings, key: &str) -> &'static str {
+    if kafka.property_files.contains_key(key) {
+        "kafka.property_files"
+    } else {
+        "kafka.properties"
+    }
 }
 
 /// Why librdkafka refused one property, without its value.

@@ -13,20 +13,24 @@
 //! Both halves are keyed by the assignment's epoch. A position of an epoch that is over is its
 //! next owner's to commit, never ours; and what was confirmed in one epoch says nothing of the
 //! next: a partition assigned again may rightly commit a lower position (the topic was deleted
-//! and created again, or the group's position was reset meanwhile).
+//! and created again, or the group's position was reset meanwhile). Within an epoch, the same
+//! holds of the log's generations: when the partition's log moved back (a topic created again
+//! while assigned here, a truncated log), the positions of the new generation may be lower than
+//! those of the one before — that is the log's truth now — and a position of an earlier
+//! generation is never sent after one of a later one.
 
 use std::collections::HashMap;
 
-use crate::domain::{CommitOutcome, CommitPosition, Epoch, TopicPartition};
+use crate::domain::{CommitOutcome, CommitPosition, Epoch, Generation, TopicPartition};
 
 #[derive(Debug)]
 pub struct CommitLedger {
     /// The epoch of each partition assigned here now.
     epochs: HashMap<TopicPartition, Epoch>,
     /// The newest position the broker confirmed for the partition's current epoch.
-    confirmed: HashMap<TopicPartition, (Epoch, i64)>,
+    confirmed: HashMap<TopicPartition, Mark>,
     /// The highest position queued for the partition's current epoch, answered or not.
-    queued: HashMap<TopicPartition, (Epoch, i64)>,
+    queued: HashMap<TopicPartition, Mark>,
     next_epoch: Epoch,
 }
 
@@ -41,6 +45,39 @@ impl Default for CommitLedger {
     }
 }
 
+/// A position recorded for an assignment: its epoch, its log's generation and its offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mark {
+    epoch: Epoch,
+    generation: Generation,
+    offset: i64,
+}
+
+impl Mark {
+    fn of(position: &CommitPosition) -> Mark {
+        Mark {
+            epoch: position.epoch,
+            generation: position.generation,
+            offset: position.offset,
+        }
+    }
+
+    /// `position`, of the same epoch, folded into this mark: a later generation replaces it
+    /// (its offset may be lower), the same one raises it, an earlier one changes nothing.
+    fn with(self, position: &CommitPosition) -> Mark {
+        if self.epoch != position.epoch || position.generation > self.generation {
+            Mark::of(position)
+        } else if position.generation == self.generation {
+            Mark {
+                offset: self.offset.max(position.offset),
+                ..self
+            }
+        } else {
+            self
+        }
+    }
+}
+
 /// How a commit request splits up.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct CommitPlan {
@@ -49,7 +86,8 @@ pub struct CommitPlan {
     pub send: Vec<CommitPosition>,
     /// Covered already: this position or a later one of the same epoch was confirmed.
     pub covered: Vec<CommitPosition>,
-    /// The partition's assignment (epoch) is over: its next owner commits it.
+    /// The partition's assignment (epoch) is over: its next owner commits it; or the position
+    /// is of a generation of the log that moved back since.
     pub not_ours: Vec<CommitPosition>,
 }
 
@@ -105,27 +143,35 @@ impl CommitLedger {
 
     fn plan_with(&self, positions: &[CommitPosition], resend_confirmed: bool) -> CommitPlan {
         let mut plan = CommitPlan::default();
+        let same = |mark: Option<&Mark>, position: &CommitPosition| {
+            mark.copied().filter(|mark| {
+                mark.epoch == position.epoch && mark.generation == position.generation
+            })
+        };
+        let later_generation = |mark: Option<&Mark>, position: &CommitPosition| {
+            mark.is_some_and(|mark| {
+                mark.epoch == position.epoch && mark.generation > position.generation
+            })
+        };
         for position in positions {
-            if self.epoch_of(&position.tp) != Some(position.epoch) {
-                plan.not_ours.push(position.clone());
-            } else if self
-                .confirmed
-                .get(&position.tp)
-                .is_some_and(|&(epoch, confirmed)| {
-                    epoch == position.epoch
-                        && (confirmed > position.offset
-                            || (confirmed == position.offset && !resend_confirmed))
-                })
+            let confirmed = self.confirmed.get(&position.tp);
+            let queued = self.queued.get(&position.tp);
+            if self.epoch_of(&position.tp) != Some(position.epoch)
+                || later_generation(confirmed, position)
+                || later_generation(queued, position)
             {
+                plan.not_ours.push(position.clone());
+            } else if same(confirmed, position).is_some_and(|confirmed| {
+                confirmed.offset > position.offset
+                    || (confirmed.offset == position.offset && !resend_confirmed)
+            }) {
                 // Sending it would move the group's position backwards (a revoke or the final
                 // commit overtook this one), or repeat a commit.
                 plan.covered.push(position.clone());
             } else {
-                let offset = match self.queued.get(&position.tp) {
-                    Some(&(epoch, queued)) if epoch == position.epoch => {
-                        queued.max(position.offset)
-                    }
-                    _ => position.offset,
+                let offset = match same(queued, position) {
+                    Some(queued) => queued.offset.max(position.offset),
+                    None => position.offset,
                 };
                 plan.send.push(CommitPosition {
                     offset,
@@ -146,12 +192,8 @@ impl CommitLedger {
             let queued = self
                 .queued
                 .entry(position.tp.clone())
-                .or_insert((position.epoch, position.offset));
-            *queued = if queued.0 == position.epoch {
-                (position.epoch, queued.1.max(position.offset))
-            } else {
-                (position.epoch, position.offset)
-            };
+                .or_insert(Mark::of(position));
+            *queued = queued.with(position);
         }
     }
 
@@ -164,12 +206,8 @@ impl CommitLedger {
             let confirmed = self
                 .confirmed
                 .entry(position.tp.clone())
-                .or_insert((position.epoch, position.offset));
-            *confirmed = if confirmed.0 == position.epoch {
-                (position.epoch, confirmed.1.max(position.offset))
-            } else {
-                (position.epoch, position.offset)
-            };
+                .or_insert(Mark::of(position));
+            *confirmed = confirmed.with(position);
         }
     }
 
@@ -200,8 +238,49 @@ mod tests {
         CommitPosition {
             tp: tp(partition),
             epoch,
+            generation: 0,
             offset,
         }
+    }
+
+    /// A position of a later generation of the partition's log (it moved back `generation`
+    /// times in this assignment).
+    fn of_generation(generation: Generation, position: CommitPosition) -> CommitPosition {
+        CommitPosition {
+            generation,
+            ..position
+        }
+    }
+
+    #[test]
+    fn a_later_generation_commits_lower_and_an_earlier_one_never_after_it() {
+        let mut ledger = assigned();
+        ledger.confirm(&[at(0, 1, 1000)]);
+        ledger.queued(&[at(0, 1, 1200)]);
+        // The log moved back to 0 (the topic was created again): its positions go out, lower.
+        let rewound = of_generation(1, at(0, 1, 40));
+        assert_eq!(
+            ledger.plan(std::slice::from_ref(&rewound)).send,
+            vec![rewound.clone()]
+        );
+        ledger.queued(std::slice::from_ref(&rewound));
+        // A periodic commit of the old log planned before it is never sent after it…
+        let old = at(0, 1, 1300);
+        assert_eq!(ledger.plan(std::slice::from_ref(&old)).not_ours, vec![old]);
+        // …and the new log's positions are raised to what it queued, not to the old log's.
+        let lower = of_generation(1, at(0, 1, 30));
+        assert_eq!(ledger.plan(&[lower]).send, vec![rewound.clone()]);
+        // Once confirmed, the new generation's position covers what is behind it.
+        ledger.confirm(std::slice::from_ref(&rewound));
+        let behind = of_generation(1, at(0, 1, 20));
+        assert_eq!(
+            ledger.plan(std::slice::from_ref(&behind)).covered,
+            vec![behind]
+        );
+        // A confirmation of the old log arriving late changes nothing.
+        ledger.confirm(&[at(0, 1, 1200)]);
+        let next = of_generation(1, at(0, 1, 41));
+        assert_eq!(ledger.plan(std::slice::from_ref(&next)).send, vec![next]);
     }
 
     /// A ledger with partitions 0 and 1 assigned, at epochs 1 and 2.

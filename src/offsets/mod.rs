@@ -8,7 +8,7 @@ pub mod reset;
 mod window;
 
 pub use ledger::{CommitLedger, CommitPlan};
-pub use window::{OffsetWindow, TrackResult, UntrackedOffset};
+pub use window::{Generation, OffsetWindow, Rewind, TrackResult, UntrackedOffset};
 
 #[cfg(test)]
 mod window_props;

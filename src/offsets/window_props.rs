@@ -1,146 +1,212 @@
-//! Property tests of the offset window against the simplest possible model: a map of every
-//! offset ever tracked to whether it is resolved.
+//! Property tests of the offset window against a model: the records of the partition's current
+//! log as the window has seen them (offset → resolved), over random fetches with gaps,
+//! resolutions in any order, moves back of the log (a re-created topic, a truncation, the same
+//! offsets delivered again) and late outcomes of the records a move back made obsolete.
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::{OffsetWindow, TrackResult};
+use super::{Generation, OffsetWindow, TrackResult, UntrackedOffset};
 
 #[derive(Debug, Clone)]
 enum Op {
     /// Fetch the next record, `gap` offsets after the previous one (compaction, markers).
     Fetch { gap: u8 },
-    /// Deliver again an offset fetched before (a redelivery); `pick` selects which.
-    Redeliver { pick: usize },
-    /// Resolve an in-flight offset; `pick` selects which.
+    /// The log moves back: the next record is at or below the highest one delivered; `pick`
+    /// selects where (from the lowest offset ever delivered to the highest).
+    Rewind { pick: usize },
+    /// Resolve an in-flight record of the current log; `pick` selects which.
     Resolve { pick: usize },
+    /// The outcome of a record a move back made obsolete arrives; `pick` selects which.
+    LateOutcome { pick: usize },
+    /// The client moved past `gap` offsets after the last record without a record (transaction
+    /// markers): it passes over to there.
+    PassOver { gap: u8 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..4).prop_map(|gap| Op::Fetch { gap }),
-        1 => any::<usize>().prop_map(|pick| Op::Redeliver { pick }),
-        4 => any::<usize>().prop_map(|pick| Op::Resolve { pick }),
+        6 => (0u8..4).prop_map(|gap| Op::Fetch { gap }),
+        1 => any::<usize>().prop_map(|pick| Op::Rewind { pick }),
+        6 => any::<usize>().prop_map(|pick| Op::Resolve { pick }),
+        2 => any::<usize>().prop_map(|pick| Op::LateOutcome { pick }),
+        1 => (1u8..4).prop_map(|gap| Op::PassOver { gap }),
     ]
 }
 
-/// The model's commit position: one past the longest resolved prefix of all tracked offsets.
-fn model_position(model: &BTreeMap<i64, bool>) -> Option<i64> {
-    model
-        .iter()
-        .take_while(|&(_, &resolved)| resolved)
-        .last()
-        .map(|(&offset, _)| offset + 1)
+/// What the test knows of the partition.
+#[derive(Debug, Default)]
+struct Model {
+    /// The current log's records the window tracked: offset → (generation, resolved).
+    records: BTreeMap<i64, (Generation, bool)>,
+    /// Records a move back made obsolete, not yet resolved: their outcomes are still to come.
+    obsolete: Vec<(i64, Generation)>,
+    /// The highest offset delivered since the last move back, and the lowest ever.
+    highest: Option<i64>,
+    lowest: Option<i64>,
 }
 
-fn check_invariants(window: &OffsetWindow, model: &BTreeMap<i64, bool>) {
-    let position = window.position();
-    assert_eq!(position, model_position(model));
-    if let Some(position) = position {
-        // The commit never passes an unresolved offset.
-        assert!(
-            model.range(..position).all(|(_, &resolved)| resolved),
-            "position {position} passes an unresolved offset: {model:?}"
-        );
+impl Model {
+    fn unresolved(&self) -> usize {
+        self.records
+            .values()
+            .filter(|(_, resolved)| !resolved)
+            .count()
     }
-    let unresolved = model.values().filter(|&&resolved| !resolved).count();
-    assert_eq!(window.unresolved(), unresolved);
-    let held = match position {
-        Some(position) => model.range(position..).count(),
-        None => model.len(),
-    };
-    assert_eq!(window.len(), held);
+}
+
+/// The safety rules: the position never passes a record of the current log that is not
+/// resolved, never passes what was delivered, and the counts agree with the model.
+fn check(window: &OffsetWindow, model: &Model) {
+    if let Some(position) = window.position() {
+        for (&offset, &(_, resolved)) in &model.records {
+            assert!(
+                resolved || offset >= position,
+                "position {position} passes unresolved {offset}: {model:?}"
+            );
+        }
+        if let Some(highest) = model.highest {
+            assert!(
+                position <= highest + 1,
+                "position {position} past {highest}"
+            );
+        }
+    }
+    assert_eq!(window.unresolved(), model.unresolved(), "{model:?}");
+}
+
+fn track(window: &mut OffsetWindow, model: &mut Model, offset: i64) -> TrackResult {
+    let result = window.track(offset);
+    let generation = result.generation();
+    match result {
+        TrackResult::Tracked(_) => {
+            assert!(model.highest.is_none_or(|highest| offset > highest));
+        }
+        TrackResult::Rewound(rewind) => {
+            assert!(model.highest.is_some_and(|highest| offset <= highest));
+            assert_eq!(rewind.to, offset);
+            // Everything tracked from the rewind's offset on is forgotten; unresolved ones
+            // still owe their outcome.
+            let forgotten: Vec<i64> = model.records.range(offset..).map(|(&o, _)| o).collect();
+            let mut unresolved = 0;
+            for o in forgotten {
+                let (g, resolved) = model.records.remove(&o).expect("present");
+                if !resolved {
+                    unresolved += 1;
+                    model.obsolete.push((o, g));
+                }
+            }
+            assert_eq!(rewind.forgotten, unresolved);
+            assert!(rewind.position_after.is_none_or(|p| p <= offset));
+        }
+    }
+    model.records.insert(offset, (generation, false));
+    model.highest = Some(offset);
+    model.lowest = Some(model.lowest.map_or(offset, |lowest| lowest.min(offset)));
+    result
 }
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_position_is_the_resolved_prefix_and_reaches_the_end(
+    fn the_position_never_passes_an_unresolved_record_of_the_current_log(
         start in 0i64..1_000_000,
         ops in prop::collection::vec(op(), 0..300),
     ) {
         let mut window = OffsetWindow::new();
-        let mut model: BTreeMap<i64, bool> = BTreeMap::new();
-        let mut next = start;
+        let mut model = Model::default();
+        let mut last_position = None;
         for op in ops {
             match op {
                 Op::Fetch { gap } => {
-                    let offset = next + i64::from(gap);
-                    next = offset + 1;
-                    prop_assert_eq!(window.track(offset), TrackResult::Tracked);
-                    model.insert(offset, false);
+                    let offset = model.highest.map_or(start, |h| h + 1) + i64::from(gap);
+                    track(&mut window, &mut model, offset);
                 }
-                Op::Redeliver { pick } => {
-                    if model.is_empty() {
+                Op::Rewind { pick } => {
+                    let (Some(lowest), Some(highest)) = (model.lowest, model.highest) else {
                         continue;
-                    }
-                    let (&offset, _) = model.iter().nth(pick % model.len()).unwrap();
-                    let below = window.position().is_some_and(|p| offset < p);
-                    let expected = if below { TrackResult::BelowPosition } else { TrackResult::AlreadyTracked };
-                    prop_assert_eq!(window.track(offset), expected);
+                    };
+                    let offset = lowest + (pick as i64).rem_euclid(highest - lowest + 1);
+                    prop_assert!(matches!(
+                        track(&mut window, &mut model, offset),
+                        TrackResult::Rewound(_)
+                    ));
+                    last_position = window.position();
                 }
                 Op::Resolve { pick } => {
-                    let in_flight: Vec<i64> = model
+                    let in_flight: Vec<(i64, Generation)> = model
+                        .records
                         .iter()
-                        .filter(|&(_, &resolved)| !resolved)
-                        .map(|(&offset, _)| offset)
+                        .filter(|(_, (_, resolved))| !resolved)
+                        .map(|(&offset, &(generation, _))| (offset, generation))
                         .collect();
                     if in_flight.is_empty() {
                         continue;
                     }
-                    let offset = in_flight[pick % in_flight.len()];
+                    let (offset, generation) = in_flight[pick % in_flight.len()];
                     let before = window.len();
-                    let released = window.resolve(offset).unwrap();
+                    let released = window.resolve(offset, generation).unwrap();
                     prop_assert_eq!(before - released, window.len());
-                    model.insert(offset, true);
+                    model.records.insert(offset, (generation, true));
+                }
+                Op::PassOver { gap } => {
+                    let next = model.highest.map_or(start, |h| h + 1);
+                    prop_assert!(window.pass_over(next + i64::from(gap)));
+                    // Not past the last record: nothing to pass over.
+                    prop_assert!(!window.pass_over(next + i64::from(gap)));
+                    model.highest = Some(next + i64::from(gap) - 1);
+                }
+                Op::LateOutcome { pick } => {
+                    if model.obsolete.is_empty() {
+                        continue;
+                    }
+                    let (offset, generation) =
+                        model.obsolete.swap_remove(pick % model.obsolete.len());
+                    let (position, len, unresolved) =
+                        (window.position(), window.len(), window.unresolved());
+                    prop_assert_eq!(
+                        window.resolve(offset, generation),
+                        Err(UntrackedOffset::Forgotten(offset))
+                    );
+                    prop_assert_eq!(
+                        (window.position(), window.len(), window.unresolved()),
+                        (position, len, unresolved),
+                        "a late outcome changed the window"
+                    );
                 }
             }
-            check_invariants(&window, &model);
+            check(&window, &model);
+            // Between moves back, the position only moves forward.
+            prop_assert!(window.position() >= last_position);
+            last_position = window.position();
         }
-        // Resolve whatever is left, in a scrambled order: the position must reach the end.
-        let mut rest: Vec<i64> = model.iter().filter(|(_, r)| !**r).map(|(&o, _)| o).collect();
+        // Every record of the current log resolved, in a scrambled order: the position reaches
+        // the end, whatever obsolete outcomes are still to come.
+        let mut rest: Vec<(i64, Generation)> = model
+            .records
+            .iter()
+            .filter(|(_, (_, resolved))| !resolved)
+            .map(|(&offset, &(generation, _))| (offset, generation))
+            .collect();
         rest.reverse();
         let half = rest.len() / 2;
         rest.rotate_left(half);
-        for offset in rest {
-            window.resolve(offset).unwrap();
-            model.insert(offset, true);
-            check_invariants(&window, &model);
+        for (offset, generation) in rest {
+            window.resolve(offset, generation).unwrap();
+            model.records.insert(offset, (generation, true));
+            check(&window, &model);
         }
-        if let Some((&last, _)) = model.iter().next_back() {
-            prop_assert_eq!(window.position(), Some(last + 1));
+        if let Some(highest) = model.highest {
+            prop_assert_eq!(window.position(), Some(highest + 1));
             prop_assert!(window.is_empty());
         }
-    }
-
-    #[test]
-    fn late_offsets_above_the_position_are_held_in_order(
-        offsets in prop::collection::btree_set(0i64..500, 1..60),
-        order_seed in any::<u64>(),
-    ) {
-        // Track a set of offsets in a scrambled order (not Kafka's, but the window must not
-        // care), resolve them in another scrambled order: the position never passes a hole.
-        let mut shuffled: Vec<i64> = offsets.iter().copied().collect();
-        let n = shuffled.len();
-        for i in 0..n {
-            let j = (order_seed.wrapping_mul(6364136223846793005).wrapping_add(i as u64) as usize) % n;
-            shuffled.swap(i, j);
+        for (offset, generation) in model.obsolete {
+            prop_assert_eq!(
+                window.resolve(offset, generation),
+                Err(UntrackedOffset::Forgotten(offset))
+            );
         }
-        let mut window = OffsetWindow::new();
-        let mut model = BTreeMap::new();
-        for &offset in &shuffled {
-            prop_assert_eq!(window.track(offset), TrackResult::Tracked);
-            model.insert(offset, false);
-            check_invariants(&window, &model);
-        }
-        shuffled.reverse();
-        for offset in shuffled {
-            window.resolve(offset).unwrap();
-            model.insert(offset, true);
-            check_invariants(&window, &model);
-        }
-        prop_assert_eq!(window.position(), Some(*offsets.iter().next_back().unwrap() + 1));
     }
 }

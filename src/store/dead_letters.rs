@@ -155,8 +155,8 @@ pub struct PublishPolicy {
     /// How long a claim keeps other rounds (other replicas, an operator's `dead-letters
     /// publish`) off the claimed letters: longer than the round's bounded wait on the broker.
     pub lease: Duration,
-    /// A letter that failed waits `retry_initial`, doubling with each failed attempt up to
-    /// `retry_max`, before a round takes it again.
+    /// A letter that failed waits a time drawn under `retry_initial`, doubling with each
+    /// failed attempt up to `retry_max`, before a round takes it again.
     pub retry_initial: Duration,
     pub retry_max: Duration,
     /// Take letters that are still waiting out their backoff too (an operator asking now).
@@ -303,13 +303,15 @@ async fn record_outcomes(
             let errors: Vec<&str> = failed.iter().map(|(_, error)| error.as_str()).collect();
             let initial_ms = policy.retry_initial.as_millis() as f64;
             let max_ms = policy.retry_max.as_millis() as f64;
-            // The backoff doubles per failed attempt (the exponent capped, so it cannot overflow).
+            // The ceiling doubles per failed attempt (the exponent capped, so it cannot
+            // overflow), and each letter's wait is drawn under it: full jitter, so letters that
+            // failed together (a topic refusing them all) are not retried together.
             tx.execute(
                 "UPDATE dead_letters AS d \
              SET publish_attempts = d.publish_attempts + 1, publish_error = f.error, \
                  publish_claimed_until = NULL, \
                  publish_next_at = now() + least($5, $6 * power(2, least(d.publish_attempts, 30))) \
-                     * interval '1 millisecond' \
+                     * random() * interval '1 millisecond' \
              FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[]) \
                   AS f(topic, partition, \"offset\", error) \
              WHERE (d.topic, d.partition, d.\"offset\") = (f.topic, f.partition, f.\"offset\")",

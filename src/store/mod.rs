@@ -8,6 +8,7 @@ pub mod migrate;
 pub mod pool;
 pub mod repository;
 pub mod target;
+pub mod traces;
 pub mod verify;
 
 pub use database::{Database, connect_pool};

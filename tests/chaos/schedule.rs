@@ -67,6 +67,27 @@ pub enum Action {
     Broker(String),
 }
 
+/// Leaderships and the group's coordinator moved between the three brokers now and then, as
+/// when operators roll or rebalance a cluster: librdkafka follows each move (a
+/// NOT_LEADER_OR_FOLLOWER or NOT_COORDINATOR answer, a metadata refresh).
+fn moves(rng: &mut SmallRng, duration: Duration, plan: &mut Vec<(Duration, Action)>) {
+    for _ in 0..(3 + duration.as_secs() / 10) {
+        let partition = rng.random_range(0..PARTITIONS);
+        let leader = rng.random_range(1..=3);
+        plan.push((
+            duration.mul_f64(rng.random_range(0.05..0.85)),
+            Action::Broker(format!("leader {TOPIC} {partition} {leader}")),
+        ));
+    }
+    for _ in 0..(1 + duration.as_secs() / 60) {
+        let coordinator = rng.random_range(1..=3);
+        plan.push((
+            duration.mul_f64(rng.random_range(0.1..0.8)),
+            Action::Broker(format!("coordinator {GROUP} {coordinator}")),
+        ));
+    }
+}
+
 /// A seeded schedule of frozen members: `freezes` times one of `instances` is stopped (SIGSTOP)
 /// for 1 to 3 session timeouts — or, one time in four, for less than one — then continued;
 /// meanwhile the broker refuses some offset commits and fetches, for a while answers 200 ms
@@ -122,6 +143,7 @@ pub fn frozen_members(
             Action::Broker(format!("rtt {broker} 0")),
         ));
     }
+    moves(&mut rng, duration, &mut plan);
     plan.sort_by_key(|(when, _)| *when);
     plan
 }
@@ -182,6 +204,7 @@ pub fn schedule(
             Action::Broker(format!("request-errors {api} {count} {error}")),
         ));
     }
+    moves(&mut rng, duration, &mut plan);
     plan.sort_by_key(|(when, _)| *when);
     plan
 }

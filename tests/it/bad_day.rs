@@ -120,15 +120,39 @@ fn a_bad_property_read_from_a_file_fails_naming_the_key_never_the_value() {
     );
 }
 
-/// Accepted one by one, refused when librdkafka creates the client — with a message that
-/// quotes the value. For the consumer, that is after the pipeline's actors started.
+/// A SASL mechanism librdkafka does not have: refused at start-up, before the database or
+/// a broker is asked anything, naming the key and the valid mechanisms, never the value.
 const MECHANISM: &str = "MECHANISM-s3cr3t";
+
+#[test]
+fn an_unknown_sasl_mechanism_is_refused_at_start_up_naming_the_key_never_the_value() {
+    let output = run_to_end(
+        &["run"],
+        &[
+            (
+                "HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
+                "sasl_plaintext",
+            ),
+            ("HISTORY__KAFKA__PROPERTIES__SASL_MECHANISMS", MECHANISM),
+        ],
+    );
+    assert_clean_failure(
+        &output,
+        &[
+            "kafka.properties.sasl.mechanisms",
+            "SCRAM-SHA-512, GSSAPI, OAUTHBEARER",
+        ],
+        MECHANISM,
+    );
+}
+
+/// Accepted one by one and by the start-up checks, refused when librdkafka creates the client
+/// (its TLS context cannot take the certificate). For the consumer, that is after the
+/// pipeline's actors started.
+const PEM: &str = "PEM-s3cr3t";
 const CLIENT_REFUSES: [(&str, &str); 2] = [
-    (
-        "HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL",
-        "sasl_plaintext",
-    ),
-    ("HISTORY__KAFKA__PROPERTIES__SASL_MECHANISMS", MECHANISM),
+    ("HISTORY__KAFKA__PROPERTIES__SECURITY_PROTOCOL", "ssl"),
+    ("HISTORY__KAFKA__PROPERTIES__SSL_CA_PEM", PEM),
 ];
 
 #[test]
@@ -136,11 +160,8 @@ fn a_consumer_librdkafka_refuses_fails_cleanly_without_the_value_or_a_panic() {
     let output = run_to_end(&["run"], &CLIENT_REFUSES);
     assert_clean_failure(
         &output,
-        &[
-            "cannot create the kafka consumer",
-            "Unsupported SASL mechanism",
-        ],
-        MECHANISM,
+        &["cannot create the kafka consumer", "ssl.ca.pem"],
+        PEM,
     );
 }
 
@@ -151,11 +172,8 @@ fn a_producer_librdkafka_refuses_fails_cleanly_without_the_value() {
     let output = run_to_end(&["run"], &env);
     assert_clean_failure(
         &output,
-        &[
-            "cannot create the kafka producer",
-            "Unsupported SASL mechanism",
-        ],
-        MECHANISM,
+        &["cannot create the kafka producer", "ssl.ca.pem"],
+        PEM,
     );
 }
 
@@ -166,7 +184,7 @@ async fn replaying_with_a_producer_librdkafka_refuses_fails_without_the_value() 
     let mut env = CLIENT_REFUSES.to_vec();
     env.push(("HISTORY__DATABASE__URL", &url));
     let output = run_to_end(&["dead-letters", "replay", "--all"], &env);
-    assert_clean_failure(&output, &["cannot create the kafka producer"], MECHANISM);
+    assert_clean_failure(&output, &["cannot create the kafka producer"], PEM);
 }
 
 #[test]
@@ -432,4 +450,129 @@ async fn verify_names_the_servers_reason_once() {
         1,
         "{text}"
     );
+}
+
+/// A new group whose first writes hang (the database waits on a lock) has committed nothing;
+/// librdkafka then reports no lag. The dashboard and the lag alerts must still see it: each
+/// assigned partition exports its lag (the whole log) and the log start as its position, from
+/// the assignment on, not from the first commit.
+#[actix_rt::test]
+async fn a_new_group_stuck_at_its_first_record_exports_its_lag_and_position() {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
+    })
+    .await;
+    let lock = app.db.client().await;
+    lock.batch_execute("BEGIN; LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let records = workload::generate(&WorkloadSpec {
+        records: 200,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: "stuck-first".into(),
+        tickets: 20,
+        max_payload_bytes: 512,
+        seed: 7,
+    });
+    app.produce(&records).await;
+    app.start();
+    let ends = app.ends().await;
+    let series = |family: &str, partition: usize| {
+        format!(
+            "{family}{{topic=\"{}\",partition=\"{partition}\"}}",
+            app.topic
+        )
+    };
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(60), |m| {
+            (0..2).all(|p| m.get(&series("history_consumer_lag", p)).is_some())
+        })
+        .await;
+    assert!(app.db.lock_waiters().await >= 1, "no write was waiting");
+    for (partition, end) in ends.iter().enumerate() {
+        assert_eq!(
+            metrics.get(&series("history_consumer_lag", partition)),
+            Some(*end as f64),
+            "{metrics}"
+        );
+        assert_eq!(
+            metrics.get(&series("history_committed_offset", partition)),
+            Some(0.0),
+            "{metrics}"
+        );
+    }
+    lock.batch_execute("ROLLBACK").await.unwrap();
+    app.wait_committed(Duration::from_secs(60)).await;
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            (0..2).all(|p| m.get(&series("history_consumer_lag", p)) == Some(0.0))
+        })
+        .await;
+    for (partition, end) in ends.iter().enumerate() {
+        assert_eq!(
+            metrics.get(&series("history_committed_offset", partition)),
+            Some(*end as f64)
+        );
+    }
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+/// A classic group switched to `group_protocol = consumer`: the embedded broker, like a Kafka
+/// whose group still has members of the other protocol, refuses every commit of the new
+/// member as from an unknown member. Refused commits are expected for a moment in every
+/// rebalance; refused for longer than any rebalance, they are an ERROR that says what to do,
+/// and `/readyz` says so, rather than an INFO line a second.
+#[actix_rt::test]
+async fn commits_refused_for_good_after_a_protocol_switch_are_an_error_and_make_the_service_unready()
+ {
+    let mut classic = TestApp::prepare(|o| {
+        o.partitions = 1;
+        o.protocol("classic");
+    })
+    .await;
+    let records = |prefix: &str| {
+        workload::generate(&WorkloadSpec {
+            records: 50,
+            duplicates: 0.0,
+            poison: 0.0,
+            partitions: 1,
+            id_prefix: prefix.into(),
+            tickets: 5,
+            max_payload_bytes: 512,
+            seed: 3,
+        })
+    };
+    classic.produce(&records("classic")).await;
+    classic.start();
+    classic.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(classic.stop(), Some(0), "{}", classic.logs());
+
+    let mut app = TestApp::prepare(|o| {
+        o.share(&classic);
+        o.protocol("consumer");
+    })
+    .await;
+    app.produce(&records("consumer")).await;
+    app.start();
+    let line = app
+        .wait_for_log(
+            &[
+                "ERROR",
+                "every offset commit has been refused for",
+                "kafka.group_protocol",
+            ],
+            Duration::from_secs(90),
+        )
+        .await;
+    assert!(line.contains("UnknownMemberId"), "{line}");
+    let (status, body) = app.get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("every offset commit has been refused"),
+        "{body}"
+    );
+    app.stop();
 }

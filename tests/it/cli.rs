@@ -1,6 +1,9 @@
 //! The binary's commands, run as an operator would run them.
 
 use std::process::{Command, Output};
+use std::time::Duration;
+
+use history_devkit::process::Process;
 
 use crate::common::TestDb;
 
@@ -119,6 +122,66 @@ fn invalid_configuration_fails_at_start_up_naming_the_key_and_hiding_the_passwor
     assert!(!stderr.contains("hunter2secret"), "{stderr}");
 }
 
+/// Settings as a consumer tutorial gives them: each stops `run` before anything is read or
+/// written, naming the key and why, and none is applied.
+#[test]
+fn settings_pasted_from_a_tutorial_stop_the_start_naming_the_key() {
+    for (variable, value, named) in [
+        (
+            "HISTORY__KAFKA__PROPERTIES__ENABLE_AUTO_COMMIT",
+            "true",
+            "kafka.properties.enable.auto.commit",
+        ),
+        (
+            "HISTORY__KAFKA__PROPERTIES__AUTO_OFFSET_RESET",
+            "latest",
+            "kafka.properties.auto.offset.reset",
+        ),
+        (
+            "HISTORY__KAFKA__PROPERTIES__ISOLATION_LEVEL",
+            "read_uncommitted",
+            "kafka.properties.isolation.level",
+        ),
+        (
+            "HISTORY__KAFKA__PROPERTIES__BOOTSTRAP_SERVERS",
+            "kafka:9092",
+            "kafka.brokers",
+        ),
+        ("HISTORY__PIPELINE__WRITERS", "4.5", "pipeline.writers"),
+        (
+            "HISTORY__KAFKA__TOPICS",
+            "tickets.status.v1, other topic",
+            "kafka.topics",
+        ),
+        (
+            "HISTORY__KAFKA__GROUP_PROTOCOL",
+            "kip848",
+            "classic, consumer",
+        ),
+    ] {
+        // A setting let through would start the service, which then waits for its database:
+        // the deadline ends the test instead.
+        let mut service = Process::command(env!("CARGO_BIN_EXE_history-service"))
+            .arg("run")
+            .env(
+                "HISTORY__DATABASE__URL",
+                "postgres://postgres@127.0.0.1:1/none",
+            )
+            .env("HISTORY__KAFKA__BROKERS", "127.0.0.1:1")
+            .env(variable, value)
+            .spawn()
+            .unwrap();
+        let status = service.wait_exit(Duration::from_secs(20));
+        let stderr = service.logs();
+        assert_eq!(
+            status.ok().and_then(|status| status.code()),
+            Some(2),
+            "{variable}: {stderr}"
+        );
+        assert!(stderr.contains(named), "{variable}: {stderr}");
+    }
+}
+
 #[test]
 fn the_production_binary_has_only_the_operators_commands_and_the_kit_the_developers() {
     assert_eq!(
@@ -171,4 +234,42 @@ fn commands_of(binary: &std::path::Path) -> Vec<String> {
         .filter(|name| *name != "help")
         .map(str::to_owned)
         .collect()
+}
+
+/// An offset names a record only within a partition, and within a topic: `--offset` alone is
+/// refused (it used to select the letter at that offset of every partition), and with letters of
+/// two topics at that place the topic is asked for.
+#[actix_rt::test]
+async fn a_replay_by_offset_needs_the_partition_and_the_topic_when_several_are_stored() {
+    let db = TestDb::migrated().await;
+    db.client()
+        .await
+        .batch_execute(
+            "INSERT INTO dead_letters (topic, partition, \"offset\", payload, reason_code, reason)
+             VALUES ('a', 0, 2, 'x', 'not_json', 'r'), ('b', 0, 2, 'y', 'not_json', 'r'),
+                    ('a', 1, 2, 'z', 'not_json', 'r');",
+        )
+        .await
+        .unwrap();
+    let replay = |args: &[&str]| {
+        let mut all = vec!["dead-letters", "replay", "--dry-run"];
+        all.extend_from_slice(args);
+        history_service(&db.url(), &all)
+    };
+
+    let alone = replay(&["--offset", "2"]);
+    assert_eq!(alone.status.code(), Some(2), "{alone:?}");
+    let stderr = String::from_utf8_lossy(&alone.stderr);
+    assert!(stderr.contains("--partition"), "{stderr}");
+
+    let two_topics = replay(&["--offset", "2", "--partition", "0"]);
+    assert_ne!(two_topics.status.code(), Some(0), "{two_topics:?}");
+    let stderr = String::from_utf8_lossy(&two_topics.stderr);
+    assert!(stderr.contains("several topics (a, b)"), "{stderr}");
+
+    let one = replay(&["--offset", "2", "--partition", "0", "--topic", "a"]);
+    assert_eq!(one.status.code(), Some(0), "{one:?}");
+    let text = stdout(&one);
+    assert!(text.contains("would replay a/0/2"), "{text}");
+    assert!(text.contains("would replay 1 dead letters"), "{text}");
 }

@@ -111,6 +111,7 @@ fn at(tp: &TopicPartition, epoch: Epoch, offset: i64) -> CommitPosition {
     CommitPosition {
         tp: tp.clone(),
         epoch,
+        generation: 0,
         offset,
     }
 }
@@ -302,4 +303,187 @@ async fn a_revoke_is_not_lost_to_a_full_committer_mailbox() {
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
     arbiter.stop();
+}
+
+/// Reads the group's committed position of a one-partition topic from the broker, every few
+/// milliseconds, on a thread of its own, until dropped: what the broker holds after every
+/// commit it applied, seen from outside the service.
+struct CommittedWatch {
+    seen: Arc<std::sync::Mutex<Vec<i64>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl CommittedWatch {
+    fn start(broker: &EmbeddedBroker, group: &str, topic: &str) -> CommittedWatch {
+        let inspector = GroupInspector::new(&broker.bootstrap_servers(), group).unwrap();
+        let topic = topic.to_owned();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (seen, stop) = (seen.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    if let Ok(positions) = inspector.committed(&topic, 1, Duration::from_secs(2)) {
+                        if let Some(position) = positions[0] {
+                            let mut seen = seen.lock().unwrap();
+                            if seen.last() != Some(&position) {
+                                seen.push(position);
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        CommittedWatch {
+            seen,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// The committed positions seen so far, each change once.
+    fn seen(&self) -> Vec<i64> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn stop(mut self) -> Vec<i64> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            thread.join().unwrap();
+        }
+        self.seen()
+    }
+}
+
+/// Commits on a blocking thread with a deadline of `within`; the outcome and the error.
+async fn commit_within(
+    consumer: &Arc<GuardedConsumer>,
+    position: CommitPosition,
+    within: Duration,
+) -> (
+    history_service::domain::CommitOutcome,
+    Option<rdkafka::error::KafkaError>,
+) {
+    let consumer = consumer.clone();
+    tokio::task::spawn_blocking(move || {
+        consumer.context().commit(
+            &*consumer,
+            std::slice::from_ref(&position),
+            CommitReason::Periodic,
+            Instant::now() + within,
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// librdkafka holds a commit the coordinator answered NOT_COORDINATOR or
+/// COORDINATOR_NOT_AVAILABLE, and sends it again once the coordinator is found; one answered
+/// REQUEST_TIMED_OUT or COORDINATOR_LOAD_IN_PROGRESS it retries after a backoff. Either way it
+/// goes out again behind any commit queued meanwhile. Here the coordinator answers the commit
+/// of 20 only after 2.5 s (past the commit's 1 s deadline), with `error`; the service commits
+/// 30 meanwhile. Sent, 30 would be applied at once and 20 after it, when librdkafka sends it
+/// again: the group's position would go 10, 30, 20. The service sends nothing while the
+/// commit of 20 has no verdict, so the broker applies 20, then 30. (Queue the later commit
+/// without waiting for the earlier verdict — drop the outstanding commit in
+/// `SupervisorContext::commit` — and this fails: the broker's position is seen moving back
+/// to 20.)
+async fn a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
+    error: rdkafka::types::RDKafkaRespErr,
+    name: &str,
+) {
+    const OFFSET_COMMIT: i16 = 8;
+
+    let broker = EmbeddedBroker::start(1).unwrap();
+    let (topic, group) = (
+        format!("tickets.guard.held.{name}"),
+        format!("guard-held-{name}"),
+    );
+    let (topic, group) = (topic.as_str(), group.as_str());
+    let consumer = consumer(&broker, topic, group);
+    let tp = TopicPartition::new(topic, 0);
+    let epoch = assigned(&consumer, &tp).await;
+    assert!(commit(&consumer, at(&tp, epoch, 10)).await.is_complete());
+    let watch = CommittedWatch::start(&broker, group, topic);
+
+    broker
+        .push_late_request_errors(1, OFFSET_COMMIT, &[(error, Duration::from_millis(2500))])
+        .unwrap();
+    let (outcome, error) =
+        commit_within(&consumer, at(&tp, epoch, 20), Duration::from_secs(1)).await;
+    assert_eq!(outcome.failed, vec![at(&tp, epoch, 20)], "{error:?}");
+
+    // The next commits, until one is confirmed: the first ones wait for the verdict of 20.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (outcome, error) =
+            commit_within(&consumer, at(&tp, epoch, 30), Duration::from_secs(1)).await;
+        if outcome.is_complete() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "30 never committed: {error:?}; the broker's positions: {:?}",
+            watch.seen()
+        );
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while watch.seen().last() != Some(&30) {
+        assert!(Instant::now() < until, "{:?}", watch.seen());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // What librdkafka still held would land by now (it resends a held commit within a second
+    // of finding the coordinator): watch a little longer for a late one moving back.
+    let quiet = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < quiet {
+        assert_eq!(watch.seen().last(), Some(&30), "{:?}", watch.seen());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = watch.stop();
+    assert!(
+        seen.windows(2).all(|pair| pair[0] <= pair[1]),
+        "the group's position moved back: {seen:?}"
+    );
+    assert_eq!(seen.first(), Some(&10), "{seen:?}");
+}
+
+#[actix_rt::test]
+async fn a_commit_held_after_not_coordinator_is_never_overtaken() {
+    a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+        "not-coordinator",
+    )
+    .await;
+}
+
+/// (librdkafka keeps this case in order by itself — the coordinator is marked dead, so the
+/// later commit is held behind the earlier one — and without the service's guard it passes
+/// too; it stands for the order that must stay.)
+#[actix_rt::test]
+async fn a_commit_held_after_coordinator_not_available_is_never_overtaken() {
+    a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE,
+        "not-available",
+    )
+    .await;
+}
+
+#[actix_rt::test]
+async fn a_commit_retried_after_request_timed_out_is_never_overtaken() {
+    a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+        "timed-out",
+    )
+    .await;
+}
+
+#[actix_rt::test]
+async fn a_commit_retried_after_coordinator_load_in_progress_is_never_overtaken() {
+    a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS,
+        "loading",
+    )
+    .await;
 }

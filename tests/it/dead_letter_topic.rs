@@ -279,6 +279,24 @@ async fn letters_the_topic_keeps_refusing_do_not_hold_back_newer_ones() {
     );
     let (published, failing, attempts) = publish_state(&db).await;
     assert_eq!((published, failing, attempts), (2, 2, 2));
+    // Refused together, the two are not retried together: each wait is drawn under the
+    // ceiling (full jitter).
+    let due: Vec<f64> = db
+        .client()
+        .await
+        .query(
+            "SELECT extract(epoch FROM publish_next_at - now())::float8 FROM dead_letters \
+             WHERE publish_error IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(due.len(), 2);
+    assert!(due.iter().all(|wait| *wait <= 60.0), "{due:?}");
+    assert!((due[0] - due[1]).abs() > 0.001, "retried in step: {due:?}");
     // The two refused letters wait out their backoff: a round takes none of them meanwhile,
     // unless an operator asks now.
     let third = dead_letters::publish_pending(&pool, DLQ, 2, policy, refuse)

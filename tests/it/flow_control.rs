@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use history_devkit::test_app::TestApp;
-use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
+use history_devkit::workload::{self, PlannedRecord, RecordKind, event_payload};
 
 use crate::stuck_events::{planned, reject_ticket_poison};
 
@@ -293,4 +293,147 @@ async fn a_paused_partition_revoked_and_assigned_again_flows_again() {
     first.wait_committed(Duration::from_secs(60)).await;
     assert_eq!(first.db.count("history_events").await, 3000);
     assert_eq!(first.stop(), Some(0), "{}", first.logs());
+}
+
+/// Payload bytes of each compressible record: a ticket event with a long note.
+const NOTED_BYTES: usize = 20 * 1024;
+/// Records per partition of the compressed backlog (24 partitions: 7,200 in all, ~144 MB).
+const NOTED_PER_PARTITION: usize = 300;
+
+/// Three brokers leading 24 partitions, a backlog of 7,200 events of 20 KB produced
+/// `codec`-compressed by an external client (the confluent-kafka Python client), and the
+/// database hung — every write waits on a lock another session holds — for longer than the
+/// budget takes to fill. The
+/// Kafka client fetches from the three brokers at once and decompresses each response whole,
+/// so what it holds depends on the brokers and the codec; its fetches are sized for both: the
+/// process's peak memory stays within its idle size plus the whole budget, and
+/// `history_held_bytes` within its limit plus one record. Then the lock goes and everything
+/// drains exactly. (Sized as before — `fetch.max.bytes` a quarter of the budget, whatever the
+/// brokers and the codec — the peak is several times the budget.)
+async fn compressed_records_from_three_brokers_wait_within_the_budget(codec: &str) {
+    const PARTITIONS: i32 = 24;
+    let mut app = TestApp::prepare(|o| {
+        o.brokers = 3;
+        o.partitions = PARTITIONS;
+        o.env(
+            "HISTORY__PIPELINE__MAX_IN_FLIGHT_BYTES",
+            BUDGET_BYTES.to_string(),
+        )
+        // The lock is held for longer than one write may wait: attempts end at their deadline
+        // and are retried, as they would be on a hung server.
+        .env("HISTORY__DATABASE__STATEMENT_TIMEOUT_MS", "3000")
+        .env("HISTORY__PIPELINE__RETRY_MAX_MS", "500")
+        .env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "1000");
+    })
+    .await;
+    let records: Vec<PlannedRecord> = (0..PARTITIONS)
+        .flat_map(|partition| {
+            (0..NOTED_PER_PARTITION).map(move |n| {
+                let id = format!("noted-{partition}-{n}");
+                let ticket = format!("ticket-{partition}");
+                PlannedRecord {
+                    payload: Some(workload::noted_event_payload(
+                        &id,
+                        &ticket,
+                        NOTED_BYTES,
+                        (partition as u64) << 32 | n as u64,
+                    )),
+                    key: ticket.into_bytes(),
+                    partition: Some(partition),
+                    kind: RecordKind::Event { event_id: id },
+                }
+            })
+        })
+        .collect();
+
+    // Its idle size: started on the empty topic, assigned, and stopped again.
+    app.start();
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_assigned_partitions") == Some(PARTITIONS as f64)
+    })
+    .await;
+    let idle_rss_mb = app.process().rss_mb();
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+
+    // The whole backlog waits in the brokers, so that every fetch is as large as its sizing
+    // lets it be; and the database hangs: every write waits on a lock this session holds.
+    app.produce_externally(
+        &records,
+        &[("compression.type", codec), ("linger.ms", "50")],
+    )
+    .await;
+    let mut locker = app.db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    app.start();
+    let sized = app
+        .wait_for_log(
+            &["fetch requests sized", "brokers=3"],
+            Duration::from_secs(30),
+        )
+        .await;
+
+    // The budget fills and stays full past the intake's wait: every partition is paused.
+    let limit = BUDGET_BYTES as f64 / 2.0;
+    let over = limit + (NOTED_BYTES + 2048) as f64;
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(90), |m| {
+            let held = m.get("history_held_bytes").unwrap_or(0.0);
+            held >= over
+                || (held >= limit - NOTED_BYTES as f64
+                    && m.get("history_instance_pauses_total").unwrap_or(0.0) >= 1.0)
+        })
+        .await;
+    assert!(
+        app.db.lock_waiters().await >= 1,
+        "the writes wait on the lock"
+    );
+    let held = metrics
+        .get("history_held_bytes")
+        .expect("history_held_bytes is exported");
+    assert!(
+        held < over,
+        "{held} bytes held, over the limit {limit} by more than one record"
+    );
+    // What the client fetched before the pause is in its queue and its last responses: the
+    // peak is reached once the budget is full.
+    let peak_mb = app.process().peak_rss_mb();
+    let budget_mb = BUDGET_BYTES as f64 / (1 << 20) as f64;
+    assert!(
+        peak_mb <= idle_rss_mb + budget_mb,
+        "{codec}: peak RSS {peak_mb:.1} MB over idle {idle_rss_mb:.1} MB + budget {budget_mb} MB \
+         ({sized})"
+    );
+
+    lock.rollback().await.unwrap();
+    app.wait_committed(Duration::from_secs(180)).await;
+    assert_eq!(app.db.count("history_events").await, records.len() as i64);
+    assert_eq!(app.db.count("dead_letters").await, 0);
+    let metrics = app.metrics().await;
+    assert_eq!(
+        metrics.get("history_events_total{outcome=\"applied\"}"),
+        Some(records.len() as f64)
+    );
+    // The batches really were compressed: the client decompressed more than it received.
+    let ratio = app
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_fetch_compression_ratio").is_some()
+        })
+        .await
+        .get("history_fetch_compression_ratio")
+        .unwrap();
+    assert!(ratio > 1.5, "{codec}: compression ratio {ratio}");
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+#[actix_rt::test]
+async fn zstd_records_from_three_brokers_wait_within_the_budget_while_the_database_hangs() {
+    compressed_records_from_three_brokers_wait_within_the_budget("zstd").await;
+}
+
+#[actix_rt::test]
+async fn lz4_records_from_three_brokers_wait_within_the_budget_while_the_database_hangs() {
+    compressed_records_from_three_brokers_wait_within_the_budget("lz4").await;
 }

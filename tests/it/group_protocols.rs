@@ -441,3 +441,48 @@ async fn a_topic_created_after_start_up_is_seen_then_consumed_once_assigned_unde
     assert_eq!(second.stop(), Some(0), "{}", second.logs());
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
+
+/// Two replicas started with one `kafka.group_instance_id`: the coordinator keeps the second
+/// out (the embedded broker under KIP-848 answers its heartbeats UNKNOWN_MEMBER_ID, and
+/// librdkafka rejoins without a word). Past the time a join takes, the second says so in a
+/// WARN line and in `/readyz`, naming the likely cause, rather than "not joined yet" for ever.
+#[actix_rt::test]
+async fn a_second_replica_with_the_same_instance_id_says_why_it_cannot_join() {
+    let mut first = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.protocol("consumer");
+        o.env("HISTORY__KAFKA__GROUP_INSTANCE_ID", "history-same");
+    })
+    .await;
+    first.start();
+    first
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_assigned_partitions") == Some(2.0)
+        })
+        .await;
+    let mut second = TestApp::spawn(|o| {
+        o.share(&first);
+    })
+    .await;
+    let line = second
+        .wait_for_log(
+            &[
+                "WARN",
+                "the consumer has not joined its group after",
+                "same kafka.group_instance_id",
+            ],
+            Duration::from_secs(60),
+        )
+        .await;
+    let (status, body) = second.get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("same kafka.group_instance_id"), "{body}");
+    // The first replica keeps its partitions all along.
+    assert_eq!(
+        first.metrics().await.get("history_assigned_partitions"),
+        Some(2.0),
+        "{line}"
+    );
+    second.stop();
+    first.stop();
+}

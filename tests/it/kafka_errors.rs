@@ -3,8 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use history_devkit::raw_batch;
 use history_devkit::test_app::TestApp;
-use history_devkit::workload;
+use history_devkit::workload::{self, PlannedRecord, RecordKind};
 
 /// Lines at WARN or ERROR in a log.
 fn complaints(log: &str) -> Vec<&str> {
@@ -105,4 +106,111 @@ async fn the_repeats_of_an_error_that_stopped_are_summarised_after_the_interval(
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(app.stop(), Some(0));
+}
+
+/// Events for each of `partitions` partitions, numbered from `from` to `to` in each.
+fn events_in_each(partitions: i32, from: usize, to: usize, prefix: &str) -> Vec<PlannedRecord> {
+    (0..partitions)
+        .flat_map(|partition| {
+            (from..to).map(move |n| {
+                let id = format!("{prefix}-{partition}-{n}");
+                PlannedRecord {
+                    key: format!("ticket-{partition}").into_bytes(),
+                    payload: Some(workload::event_payload(
+                        &id,
+                        &format!("ticket-{partition}"),
+                        "open",
+                        "closed",
+                        chrono::Utc::now(),
+                    )),
+                    partition: Some(partition),
+                    kind: RecordKind::Event { event_id: id },
+                }
+            })
+        })
+        .collect()
+}
+
+/// Record batches no client can read, at offset 40 and 41 of two of three partitions: one of a
+/// codec no Kafka has yet (id 5), one that says zstd but is not. librdkafka re-fetches each forever
+/// and names no partition; the service names both — an ERROR line with topic, partition,
+/// offset and what to do, `/readyz` and `history_undecodable_batch` — and neither partition's
+/// position moves past its batch, while the third partition drains to its end.
+#[actix_rt::test]
+async fn batches_the_client_cannot_decompress_are_named_and_their_partitions_stand_still() {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 3;
+        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "1000");
+    })
+    .await;
+    app.produce(&events_in_each(3, 0, 40, "before")).await;
+    app.produce(&events_in_each(3, 40, 41, "before").split_off(2))
+        .await;
+    let unknown = raw_batch::produce(
+        &app.brokers,
+        &app.topic,
+        1,
+        &raw_batch::record_batch(5, 3, b"a codec of a later Kafka"),
+    )
+    .unwrap();
+    let corrupt = raw_batch::produce(
+        &app.brokers,
+        &app.topic,
+        2,
+        &raw_batch::record_batch(4, 3, b"\x28\xb5\x2f\xfd but not zstd after all"),
+    )
+    .unwrap();
+    assert_eq!((unknown, corrupt), (40, 41));
+    app.produce(&events_in_each(3, 41, 80, "after")).await;
+    assert_eq!(app.ends().await, vec![79, 82, 83]);
+
+    app.start();
+    app.wait_committed_to(&[79, 40, 41], Duration::from_secs(60))
+        .await;
+    app.wait_for_log(
+        &[
+            "cannot be decompressed",
+            "[1]",
+            "offset=40",
+            "does not have",
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    app.wait_for_log(
+        &[
+            "cannot be decompressed",
+            "[2]",
+            "offset=41",
+            "codec=zstd",
+            "corrupt",
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    let (_, reason) = app
+        .wait_for_answer("/readyz", Duration::from_secs(30), |status, body| {
+            status == 503 && body.contains("[1] at offset 40") && body.contains("[2] at offset 41")
+        })
+        .await;
+    assert!(reason.contains("cannot decompress"), "{reason}");
+    let metrics = app.metrics().await;
+    let topic = app.topic.clone();
+    for (partition, offset, codec) in [("1", "40", "unknown"), ("2", "41", "zstd")] {
+        let labels = [
+            ("topic", topic.as_str()),
+            ("partition", partition),
+            ("offset", offset),
+            ("codec", codec),
+        ];
+        assert_eq!(
+            metrics.value("history_undecodable_batch", &labels),
+            Some(1.0),
+            "{metrics}"
+        );
+    }
+    // Nothing behind the batches was written, and their positions stay where they are.
+    assert_eq!(app.db.count("history_events").await, 79 + 40 + 41);
+    assert_eq!(app.committed().await, vec![Some(79), Some(40), Some(41)]);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }

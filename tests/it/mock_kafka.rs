@@ -344,6 +344,32 @@ impl Harness {
             .max()
     }
 
+    /// Every position committed for a partition, in the order the commits were made.
+    pub fn commits_of(&self, tp: &TopicPartition) -> Vec<i64> {
+        self.log
+            .lock()
+            .unwrap()
+            .commits
+            .iter()
+            .filter(|c| &c.tp == tp)
+            .map(|c| c.offset)
+            .collect()
+    }
+
+    /// Waits until the last position committed for `tp` is `offset`.
+    pub async fn wait_last_committed(&self, tp: &TopicPartition, offset: i64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.commits_of(tp).last() != Some(&offset) {
+            assert!(
+                Instant::now() < deadline,
+                "{tp}'s last commit is not {offset} within {timeout:?}: commits {:?}, windows {:?}",
+                self.commits_of(tp),
+                self.windows().await
+            );
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Waits until the committed position of `tp` reaches `offset`.
     pub async fn wait_committed(&self, tp: &TopicPartition, offset: i64, timeout: Duration) {
         let deadline = Instant::now() + timeout;

@@ -223,3 +223,42 @@ async fn a_consumer_that_falls_behind_retention_reports_the_records_it_never_saw
         "all events are distinct: {line}"
     );
 }
+
+/// librdkafka moves a partition's position back within the assignment — here a fetch answered
+/// OFFSET_OUT_OF_RANGE, after which it starts again at the earliest offset, as it does for a
+/// topic deleted and created again (the embedded broker cannot delete a topic, nor truncate a
+/// log: the records it hands again are the same ones, and come out AlreadyApplied). The service
+/// sees its log move back: an ERROR naming the partition and where it went, the counter, the
+/// group's position committed back and then to the end again, and nothing lost or doubled.
+#[actix_rt::test]
+async fn a_position_moved_back_by_the_client_is_told_and_the_records_are_processed_again() {
+    let mut app = TestApp::spawn(|o| o.partitions = 1).await;
+    let records = events(0, 0..100, 300);
+    app.produce(&records).await;
+    app.wait_committed(Duration::from_secs(30)).await;
+
+    // The next fetch is refused as out of range: librdkafka resets to the earliest offset.
+    app.broker().push_request_errors(
+        1,
+        &[rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_OUT_OF_RANGE],
+    );
+    let line = app
+        .wait_for_log(&["log moved back", "to=0"], Duration::from_secs(30))
+        .await;
+    assert!(line.contains("ERROR") && line.contains("[0]"), "{line}");
+    let topic = app.topic.clone();
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_events_total{outcome=\"already_applied\"}") == Some(100.0)
+        })
+        .await;
+    let labels = [("topic", topic.as_str()), ("partition", "0")];
+    assert_eq!(
+        metrics.value("history_offset_rewinds_total", &labels),
+        Some(1.0),
+        "{metrics}"
+    );
+    app.wait_committed(Duration::from_secs(30)).await;
+    assert_eq!(app.db.count("history_events").await, 100);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}

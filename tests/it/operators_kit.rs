@@ -21,7 +21,7 @@ const PROMETHEUS_RULE: &str = "deploy/kubernetes/monitoring/prometheusrule.yaml"
 const DASHBOARD: &str = "deploy/grafana/history-service.json";
 
 /// Every family the service declares (some are implemented on other branches).
-const DECLARED: [&str; 25] = [
+const DECLARED: [&str; 35] = [
     names::EVENTS_TOTAL,
     names::DEAD_LETTERS_TOTAL,
     names::CONFLICTING_DUPLICATES_TOTAL,
@@ -47,6 +47,16 @@ const DECLARED: [&str; 25] = [
     names::DB_TIMEOUTS_TOTAL,
     names::GROUP_PROTOCOL_INFO,
     names::TOPIC_MISSING,
+    names::UNDECODABLE_BATCH,
+    names::KAFKA_UNREACHABLE,
+    names::KAFKA_BROKERS,
+    names::FETCH_SIZED_BROKERS,
+    names::FETCH_COMPRESSION_RATIO,
+    names::FETCH_COMPRESSION_RATIO_LIMIT,
+    names::KAFKA_CLIENT_HEAP_BYTES,
+    names::KAFKA_CLIENT_HEAP_LIMIT,
+    names::OFFSET_REWINDS_TOTAL,
+    names::DATABASE_BEHIND,
 ];
 
 fn repo(path: &str) -> PathBuf {
@@ -194,6 +204,11 @@ fn the_alert_rules_cover_the_readme_list_and_the_prometheus_rule_carries_the_sam
         "HistoryKafkaClientErrors",
         "HistoryDatabaseHangs",
         "HistoryTopicMissing",
+        "HistoryKafkaUnreachable",
+        "HistoryRecordsUndecodable",
+        "HistoryFetchSizingExceeded",
+        "HistoryOffsetRewound",
+        "HistoryDatabaseBehindKafka",
     ] {
         assert!(alert_names.contains(required), "no alert {required}");
     }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use history_service::domain::backoff::Backoff;
 use history_service::domain::linger::{Decision, Linger};
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, advance, sleep, sleep_until};
 
@@ -40,28 +42,70 @@ fn failing(times: usize) -> impl FnMut() -> bool {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_retry_loop_waits_doubling_delays_capped_at_max() {
-    let mut backoff = Backoff::new(ms(100), ms(1000));
-    let started = retry(&mut backoff, failing(6)).await;
-    // Waits of 100, 200, 400, 800, 1000, 1000 ms.
-    assert_eq!(started, [0, 100, 300, 700, 1500, 2500, 3500].map(ms));
+/// A backoff whose draws are known in advance: `expected` is a twin with the same seed, so a
+/// test can ask what each delay will be and check that the loop waited exactly that.
+fn seeded(initial: Duration, max: Duration, seed: u64) -> (Backoff, Backoff) {
+    let backoff = Backoff::with_jitter(initial, max, SmallRng::seed_from_u64(seed));
+    (backoff.clone(), backoff)
+}
+
+/// When each attempt starts, since the first, if every wait is the delay `twin` draws next.
+fn schedule(twin: &mut Backoff, failures: usize) -> Vec<Duration> {
+    let mut at = Duration::ZERO;
+    let mut started = vec![at];
+    for _ in 0..failures {
+        at += twin.next_delay();
+        started.push(at);
+    }
+    started
 }
 
 #[tokio::test(start_paused = true)]
-async fn after_a_success_the_next_failure_waits_initial_again() {
-    let mut backoff = Backoff::new(ms(50), ms(10_000));
-    retry(&mut backoff, failing(3)).await;
-    let started = retry(&mut backoff, failing(2)).await;
-    assert_eq!(started, [0, 50, 150].map(ms));
+async fn a_retry_loop_waits_jittered_delays_under_doubling_ceilings_capped_at_max() {
+    for seed in 0..20 {
+        let (mut backoff, mut twin) = seeded(ms(100), ms(1000), seed);
+        let started = retry(&mut backoff, failing(6)).await;
+        assert_eq!(started, schedule(&mut twin, 6), "seed {seed}");
+        // Each wait lies under its ceiling: 100, 200, 400, 800, 1000, 1000 ms.
+        let waits: Vec<Duration> = started.windows(2).map(|w| w[1] - w[0]).collect();
+        for (wait, ceiling) in waits.iter().zip([100, 200, 400, 800, 1000, 1000].map(ms)) {
+            assert!(
+                *wait <= ceiling,
+                "seed {seed}: waited {wait:?} over {ceiling:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_success_the_next_failure_draws_under_initial_again() {
+    // Over many seeds the first wait after a success is never above `initial`, though the
+    // ceiling had grown to 400 ms: without the reset some of them would be.
+    for seed in 0..50 {
+        let (mut backoff, _) = seeded(ms(50), ms(10_000), seed);
+        retry(&mut backoff, failing(3)).await;
+        let started = retry(&mut backoff, failing(2)).await;
+        assert!(started[1] <= ms(50), "seed {seed}: {started:?}");
+        assert!(
+            started[2] - started[1] <= ms(100),
+            "seed {seed}: {started:?}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_retry_does_not_start_a_moment_before_its_delay() {
+    let (backoff, mut twin) = seeded(ms(100), ms(1000), 11);
+    let first = twin.next_delay();
+    let second = twin.next_delay();
+    assert!(
+        first > ms(1) && second > ms(1),
+        "pick a seed whose draws leave a moment before them: {first:?} {second:?}"
+    );
     let attempts = Arc::new(AtomicUsize::new(0));
     let counted = attempts.clone();
     let retrying = tokio::spawn(async move {
-        let mut backoff = Backoff::new(ms(100), ms(1000));
+        let mut backoff = backoff;
         retry(&mut backoff, move || {
             counted.fetch_add(1, Ordering::SeqCst) == 2
         })
@@ -72,19 +116,36 @@ async fn a_retry_does_not_start_a_moment_before_its_delay() {
             tokio::task::yield_now().await;
         }
     };
+    let moment = ms(1);
     settle().await;
     assert_eq!(attempts.load(Ordering::SeqCst), 1);
-    advance(ms(99)).await;
+    advance(first - moment).await;
     settle().await;
-    assert_eq!(attempts.load(Ordering::SeqCst), 1, "retried before 100 ms");
-    advance(ms(1)).await;
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        1,
+        "retried before {first:?}"
+    );
+    advance(moment).await;
     settle().await;
-    assert_eq!(attempts.load(Ordering::SeqCst), 2, "not retried at 100 ms");
-    advance(ms(199)).await;
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "not retried at {first:?}"
+    );
+    advance(second - moment).await;
     settle().await;
-    assert_eq!(attempts.load(Ordering::SeqCst), 2, "retried before 300 ms");
-    advance(ms(1)).await;
-    assert_eq!(retrying.await.unwrap(), [0, 100, 300].map(ms));
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "retried before {:?}",
+        first + second
+    );
+    advance(moment).await;
+    assert_eq!(
+        retrying.await.unwrap(),
+        [Duration::ZERO, first, first + second]
+    );
 }
 
 /// `gather_all`, given a minute of virtual time: a linger that never writes fails the test

@@ -308,8 +308,9 @@ async fn gaps_duplicates_and_several_partitions_are_handled() {
     let b = TopicPartition::new("t", 1);
     harness.assign(&a, 1).await;
     harness.assign(&b, 2).await;
-    // Partition a: gaps (compacted offsets) and a redelivered offset; b: the same events again
-    // at other offsets (duplicates across partitions).
+    // Partition a: gaps (compacted offsets) and an offset delivered again (within one
+    // assignment, the log moved back to it: the record is processed again, as new); b: the same
+    // events again at other offsets (duplicates across partitions).
     harness
         .inject(
             &a,
@@ -337,7 +338,97 @@ async fn gaps_duplicates_and_several_partitions_are_handled() {
     assert_eq!(db.count("history_events").await, 5);
     let stats = harness.pipeline.stats().snapshot();
     assert_eq!(stats.applied, 5);
-    assert_eq!(stats.already_applied, 2);
+    assert_eq!(stats.already_applied, 3);
+    harness.stop();
+}
+
+/// Waits until at least `rows` history rows are written.
+async fn wait_caught_up_to(db: &TestDb, harness: &Harness, rows: i64) {
+    harness
+        .wait_until(
+            "rows written",
+            WAIT,
+            async |_| db.count("history_events").await,
+            |written| *written >= rows,
+        )
+        .await;
+}
+
+/// An event of its own id at `offset`: the record a log that moved back has there now.
+fn other_record(offset: i64, id: &str) -> Record {
+    record(
+        offset,
+        event_payload(id, "ticket-9", "open", "closed", chrono::Utc::now()),
+    )
+}
+
+/// The log moves back within the assignment (a topic deleted and created again under the
+/// same name): records 0..10 were written and committed; then offsets 0..5 come again, other
+/// events now, the one at 3 held up in the database. They are tracked as new: the
+/// committed position goes back to the rewind and never passes the held-up record until it
+/// is written; then it reaches the new end. (Dispatched untracked, as before, the position
+/// stayed at 10 while the new records were written, and one rejected at 3 was lost.)
+#[actix_rt::test]
+async fn a_log_that_moves_back_is_tracked_anew_and_nothing_passes_its_unresolved_records() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|_| {}));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    harness.inject(&tp, events(0..10)).await;
+    harness.wait_committed(&tp, 10, WAIT).await;
+
+    let again: Vec<Record> = (0..5)
+        .map(|n| other_record(n, &format!("created-again-{n}")))
+        .collect();
+    // 0..3 written: the group's position goes back to 3 — the new log's truth.
+    harness.inject(&tp, again[..3].to_vec()).await;
+    harness.wait_last_committed(&tp, 3, WAIT).await;
+    let blocker = hold(&db, "created-again-3").await;
+    harness.inject(&tp, again[3..].to_vec()).await;
+    wait_window(&harness, |w| {
+        w.position == Some(3) && w.unresolved >= 1 && w.len == 2
+    })
+    .await;
+    wait_caught_up_to(&db, &harness, 10 + 3).await;
+    let commits = harness.commits_of(&tp);
+    let rewound_at = commits.iter().position(|&offset| offset < 10).unwrap();
+    assert!(
+        commits[rewound_at..].iter().all(|&offset| offset <= 3),
+        "committed past the held-up record: {commits:?}"
+    );
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    harness.wait_last_committed(&tp, 5, WAIT).await;
+    assert_eq!(db.count("history_events").await, 15);
+    assert_eq!(harness.pipeline.stats().snapshot().applied, 15);
+    harness.stop();
+}
+
+/// The log moves back to 7 while offset 5 is held up and 6..10 are in flight or written (a
+/// log truncated after an unclean leader election): what was tracked from 7 on is forgotten
+/// — the late outcomes of those records resolve nothing — the records below 7 still count, and
+/// the new records at 7..10 are written and resolve the position to the end.
+#[actix_rt::test]
+async fn a_log_truncated_under_in_flight_records_forgets_them_and_keeps_what_is_below() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|_| {}));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
+    // The new records at 7..10, the one at 8 held up as well, so that it is unresolved for
+    // certain when the old 8's outcome has long arrived.
+    let second = hold(&db, "truncated-8").await;
+    let after: Vec<Record> = (7..10)
+        .map(|n| other_record(n, &format!("truncated-{n}")))
+        .collect();
+    harness.inject(&tp, after).await;
+    wait_window(&harness, |w| w.position == Some(5)).await;
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    // 5 and 6 (below the truncation) count; the new 7 resolves; the new 8 holds the position.
+    wait_window(&harness, |w| w.position == Some(8) && w.unresolved >= 1).await;
+    assert!(harness.committed(&tp) <= Some(8));
+    second.batch_execute("ROLLBACK").await.unwrap();
+    harness.wait_last_committed(&tp, 10, WAIT).await;
+    assert_eq!(db.count("history_events").await, 10 + 3);
     harness.stop();
 }
 

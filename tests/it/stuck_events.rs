@@ -144,8 +144,17 @@ async fn an_event_the_database_rejects_holds_only_its_partition_at_its_offset() 
         assert!(named[0].contains(&part), "{part} in {}", named[0]);
     }
 
-    // Still held a while later: the outcome stays unknown, never resolved by giving up.
-    actix_rt::time::sleep(Duration::from_millis(500)).await;
+    // Still held after two more attempts failed: the outcome stays unknown, never resolved by
+    // giving up.
+    let retried = app
+        .metrics()
+        .await
+        .get("history_retries_total")
+        .expect("history_retries_total is exported from the start");
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_retries_total") >= Some(retried + 2.0)
+    })
+    .await;
     assert_eq!(
         app.wait_committed_to(&held, Duration::from_secs(5)).await,
         held.iter().map(|&o| Some(o)).collect::<Vec<_>>()
