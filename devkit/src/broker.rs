@@ -6,7 +6,11 @@ use rdkafka::ClientConfig;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use crate::fault_proxy::FaultProxy;
+use crate::kafka_wire::{OffsetCommit, RequestFrames};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -33,6 +37,8 @@ pub struct EmbeddedBroker {
     /// One fault proxy in front of each broker, in broker-id order, when the cluster was
     /// started behind proxies (dropped before the cluster).
     proxies: Vec<FaultProxy>,
+    /// Every OffsetCommit the brokers were sent through their proxies.
+    sent: Arc<SentCommits>,
     /// The client that owns the cluster (librdkafka creates it for `test.mock.num.brokers`);
     /// it never produces anything.
     owner: BaseProducer,
@@ -66,6 +72,7 @@ impl EmbeddedBroker {
         }
         Ok(EmbeddedBroker {
             proxies: Vec::new(),
+            sent: Arc::default(),
             owner,
             brokers,
         })
@@ -86,7 +93,12 @@ impl EmbeddedBroker {
             .collect::<Result<_, _>>()
             .map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidData, err))?;
         for (index, listener) in listeners.into_iter().enumerate() {
-            let proxy = FaultProxy::start(listener)?;
+            let broker_id = index as i32 + 1;
+            let sent = broker.sent.clone();
+            let proxy = FaultProxy::start_tapped(
+                listener,
+                Arc::new(move |connection, bytes| sent.read(broker_id, connection, bytes)),
+            )?;
             // SAFETY: the cluster belongs to `owner`, which is alive; the host is copied.
             unsafe {
                 let cluster =
@@ -94,7 +106,7 @@ impl EmbeddedBroker {
                 let host = std::ffi::CString::new("127.0.0.1").expect("no NUL");
                 rdkafka_sys::rd_kafka_mock_broker_set_host_port(
                     cluster,
-                    index as i32 + 1,
+                    broker_id,
                     host.as_ptr(),
                     i32::from(proxy.port()),
                 );
@@ -102,6 +114,19 @@ impl EmbeddedBroker {
             broker.proxies.push(proxy);
         }
         Ok(broker)
+    }
+
+    /// Every OffsetCommit request the brokers were sent, in the order they were sent it (read
+    /// off the wire by the proxies: only a cluster started with
+    /// [`start_proxied`](Self::start_proxied) sees them). Whatever a client logged about its
+    /// commits, and whether or not the broker applied them, these are what reached it.
+    pub fn sent_commits(&self) -> Vec<SentCommit> {
+        self.sent.commits.lock().unwrap().clone()
+    }
+
+    /// Requests the proxies could not read (none, unless the wire reader is wrong).
+    pub fn unreadable_requests(&self) -> Vec<String> {
+        self.sent.unreadable.lock().unwrap().clone()
     }
 
     /// The fault proxy in front of broker `id` (from 1), if the cluster runs behind proxies.
@@ -268,6 +293,52 @@ impl EmbeddedBroker {
             code => Err(BrokerError::Kafka(rdkafka::error::KafkaError::MockCluster(
                 code,
             ))),
+        }
+    }
+}
+
+/// One OffsetCommit request a broker was sent.
+#[derive(Debug, Clone)]
+pub struct SentCommit {
+    /// When the proxy forwarded its last byte.
+    pub at: std::time::Instant,
+    /// The broker it went to (from 1).
+    pub broker: i32,
+    pub commit: OffsetCommit,
+}
+
+/// The proxies' reading of the requests: each connection's bytes cut into requests, the
+/// OffsetCommits kept.
+#[derive(Default)]
+struct SentCommits {
+    frames: Mutex<HashMap<(i32, u64), RequestFrames>>,
+    commits: Mutex<Vec<SentCommit>>,
+    unreadable: Mutex<Vec<String>>,
+}
+
+impl SentCommits {
+    fn read(&self, broker: i32, connection: u64, bytes: &[u8]) {
+        let requests = self
+            .frames
+            .lock()
+            .unwrap()
+            .entry((broker, connection))
+            .or_default()
+            .push(bytes);
+        for request in requests {
+            match OffsetCommit::parse(&request) {
+                Ok(Some(commit)) => self.commits.lock().unwrap().push(SentCommit {
+                    at: std::time::Instant::now(),
+                    broker,
+                    commit,
+                }),
+                Ok(None) => {}
+                Err(err) => self
+                    .unreadable
+                    .lock()
+                    .unwrap()
+                    .push(format!("broker {broker}, connection {connection}: {err}")),
+            }
         }
     }
 }

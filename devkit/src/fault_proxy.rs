@@ -12,6 +12,9 @@
 //! - freezes new connections from their start (a server that accepts and never answers);
 //! - refuses new connections (each is reset as soon as it is accepted).
 //!
+//! A tap, given at start, sees every chunk forwarded upstream, once it was written to the target
+//! (what [`crate::broker::EmbeddedBroker::start_proxied`] reads the Kafka requests from).
+//!
 //! It runs on a thread and runtime of its own, so it works the same under any test runtime and
 //! stops, closing every socket, when dropped.
 
@@ -56,6 +59,10 @@ pub struct FaultProxy {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Sees each chunk the proxy forwarded upstream, with the number of its connection (counted
+/// from 1 in the order accepted), once the target was sent it.
+pub type UpstreamTap = Arc<dyn Fn(u64, &[u8]) + Send + Sync>;
+
 /// Where the proxy forwards each connection.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -79,11 +86,14 @@ struct Shared {
     freeze_new: AtomicBool,
     accepted: AtomicU64,
     connections: Mutex<Vec<Weak<Connection>>>,
+    tap: Option<UpstreamTap>,
 }
 
 /// One proxied connection's fault state.
 #[derive(Default)]
 struct Connection {
+    /// Its number, from 1 in the order accepted.
+    number: u64,
     frozen: [AtomicBool; 2],
     reset: AtomicBool,
     /// Woken whenever `frozen` or `reset` changes.
@@ -123,7 +133,18 @@ impl Connection {
 impl FaultProxy {
     /// A proxy on `127.0.0.1`, port 0, forwarding to `target`.
     pub fn start(target: impl Into<Target>) -> std::io::Result<FaultProxy> {
-        let target = target.into();
+        Self::start_with(target.into(), None)
+    }
+
+    /// A proxy as [`start`](Self::start) makes, whose upstream chunks `tap` sees.
+    pub fn start_tapped(
+        target: impl Into<Target>,
+        tap: UpstreamTap,
+    ) -> std::io::Result<FaultProxy> {
+        Self::start_with(target.into(), Some(tap))
+    }
+
+    fn start_with(target: Target, tap: Option<UpstreamTap>) -> std::io::Result<FaultProxy> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -134,6 +155,7 @@ impl FaultProxy {
             freeze_new: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
             connections: Mutex::new(Vec::new()),
+            tap,
         });
         let (stop, stopped) = oneshot::channel();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -260,12 +282,15 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        shared.accepted.fetch_add(1, Ordering::AcqRel);
+        let number = shared.accepted.fetch_add(1, Ordering::AcqRel) + 1;
         if shared.refuse.load(Ordering::Acquire) {
             reset_on_close(&client);
             continue;
         }
-        let connection = Arc::new(Connection::default());
+        let connection = Arc::new(Connection {
+            number,
+            ..Connection::default()
+        });
         if shared.freeze_new.load(Ordering::Acquire) {
             for way in [UP, DOWN] {
                 connection.frozen[way].store(true, Ordering::Release);
@@ -371,6 +396,11 @@ async fn pump(
         if to.write_all(&buffer[..read]).await.is_err() {
             return;
         }
+        if way == UP {
+            if let Some(tap) = &shared.tap {
+                tap(connection.number, &buffer[..read]);
+            }
+        }
     }
 }
 
@@ -432,6 +462,40 @@ mod tests {
         old.read_exact(&mut answer).await.unwrap();
         assert_eq!(answer, b"frozen");
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[tokio::test]
+    async fn the_tap_sees_what_went_upstream_by_connection_and_only_once_it_was_sent() {
+        type Seen = Vec<(u64, Vec<u8>)>;
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let tap: UpstreamTap = {
+            let seen = seen.clone();
+            Arc::new(move |connection, bytes| {
+                seen.lock().unwrap().push((connection, bytes.to_vec()));
+            })
+        };
+        let proxy = FaultProxy::start_tapped(echo_server().await, tap).unwrap();
+        let mut first = TcpStream::connect(proxy.addr()).await.unwrap();
+        let mut second = TcpStream::connect(proxy.addr()).await.unwrap();
+        round_trip(&mut first, b"one").await.unwrap();
+        round_trip(&mut second, b"two").await.unwrap();
+        // Held by a freeze: not seen until it is forwarded.
+        proxy.freeze_open(Direction::Upstream);
+        first.write_all(b"held").await.unwrap();
+        tokio::time::sleep(QUIET).await;
+        assert_eq!(seen.lock().unwrap().len(), 2);
+        proxy.thaw();
+        let mut answer = [0u8; 4];
+        first.read_exact(&mut answer).await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            vec![
+                (1, b"one".to_vec()),
+                (2, b"two".to_vec()),
+                (1, b"held".to_vec())
+            ]
+        );
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ pub mod fault_proxy;
 pub mod faults;
 pub mod group;
 pub mod identity;
+pub mod kafka_wire;
 pub mod postgres;
 pub mod probe;
 pub mod process;

@@ -71,7 +71,10 @@ where
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set("session.timeout.ms", "6000")
+        // Long: a coordinator marked unavailable gets no heartbeat until librdkafka finds it
+        // again, which on a loaded machine took past 6 s (the member was expelled and the
+        // held-commit test then saw UNKNOWN_MEMBER_ID instead of the order it checks).
+        .set("session.timeout.ms", "30000")
         .set("partition.assignment.strategy", "cooperative-sticky")
         .create_with_context(context)
         .unwrap();
@@ -389,14 +392,15 @@ async fn commit_within(
 /// commit of 20 has no verdict, so the broker applies 20, then 30. (Queue the later commit
 /// without waiting for the earlier verdict — drop the outstanding commit in
 /// `SupervisorContext::commit` — and this fails: the broker's position is seen moving back
-/// to 20.)
+/// to 20, and the proxy reads the commit of 20 sent after the one of 30.)
 async fn a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
     error: rdkafka::types::RDKafkaRespErr,
     name: &str,
 ) {
     const OFFSET_COMMIT: i16 = 8;
 
-    let broker = EmbeddedBroker::start(1).unwrap();
+    // Behind a proxy, which reads every OffsetCommit the broker is sent.
+    let broker = EmbeddedBroker::start_proxied(1).unwrap();
     let (topic, group) = (
         format!("tickets.guard.held.{name}"),
         format!("guard-held-{name}"),
@@ -447,6 +451,24 @@ async fn a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
         "the group's position moved back: {seen:?}"
     );
     assert_eq!(seen.first(), Some(&10), "{seen:?}");
+
+    // What the broker was sent, request by request (librdkafka's resends included), whether
+    // or not it applied them: never a position below one sent before.
+    assert_eq!(broker.unreadable_requests(), Vec::<String>::new());
+    let sent: Vec<i64> = broker
+        .sent_commits()
+        .into_iter()
+        .filter(|sent| sent.commit.group_id == group)
+        .flat_map(|sent| sent.commit.partitions)
+        .map(|position| position.offset)
+        .collect();
+    assert!(
+        sent.windows(2).all(|pair| pair[0] <= pair[1]),
+        "a commit went out below an earlier one: {sent:?}"
+    );
+    for offset in [10, 20, 30] {
+        assert!(sent.contains(&offset), "{offset} was never sent: {sent:?}");
+    }
 }
 
 #[actix_rt::test]
