@@ -121,7 +121,13 @@ impl EmbeddedBroker {
     /// [`start_proxied`](Self::start_proxied) sees them). Whatever a client logged about its
     /// commits, and whether or not the broker applied them, these are what reached it.
     pub fn sent_commits(&self) -> Vec<SentCommit> {
-        self.sent.commits.lock().unwrap().clone()
+        self.sent_commits_since(0)
+    }
+
+    /// [`sent_commits`](Self::sent_commits) from the `first`-th on (counted from 0).
+    pub fn sent_commits_since(&self, first: usize) -> Vec<SentCommit> {
+        let commits = self.sent.commits.lock().unwrap();
+        commits.get(first..).unwrap_or_default().to_vec()
     }
 
     /// Requests the proxies could not read (none, unless the wire reader is wrong).
@@ -302,6 +308,8 @@ impl EmbeddedBroker {
 pub struct SentCommit {
     /// When the proxy forwarded its last byte.
     pub at: std::time::Instant,
+    /// The same moment by the wall clock (to set beside a log's or a database's timestamps).
+    pub wall: chrono::DateTime<chrono::Utc>,
     /// The broker it went to (from 1).
     pub broker: i32,
     pub commit: OffsetCommit,
@@ -329,6 +337,7 @@ impl SentCommits {
             match OffsetCommit::parse(&request) {
                 Ok(Some(commit)) => self.commits.lock().unwrap().push(SentCommit {
                     at: std::time::Instant::now(),
+                    wall: chrono::Utc::now(),
                     broker,
                     commit,
                 }),

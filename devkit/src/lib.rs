@@ -73,12 +73,15 @@ pub enum DevError {
 /// `history-dev dev-kafka`: runs an embedded broker with the topic until `shutdown`.
 /// Prints `bootstrap.servers=HOST:PORT` as the first line on standard output, then reads fault
 /// commands (see [`faults`]) from standard input, answering each with a line `ok ...` or
-/// `error ...`.
+/// `error ...`. With `print_commits` (behind proxies), every OffsetCommit a broker is sent is
+/// printed too, a line per partition (see [`commit_sent_line`]), within 50 ms; the command
+/// `print-commits` prints the rest at once and answers `ok print-commits`.
 pub async fn dev_kafka(
     topic: &str,
     partitions: i32,
     brokers: i32,
     proxied: bool,
+    print_commits: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DevError> {
     use std::io::{BufRead, Write};
@@ -100,11 +103,47 @@ pub async fn dev_kafka(
             ""
         }
     );
+    // How many of the sent commits are printed; held while printing, so that the lines come
+    // out in order and an answered `print-commits` follows every one sent before it.
+    let printed = std::sync::Arc::new(std::sync::Mutex::new(0usize));
+    let print_new = {
+        let printed = printed.clone();
+        move |broker: &broker::EmbeddedBroker| {
+            let mut printed = printed.lock().unwrap();
+            let sent = broker.sent_commits_since(*printed);
+            *printed += sent.len();
+            let mut stdout = std::io::stdout().lock();
+            for line in sent.iter().flat_map(commit_sent_line) {
+                let _ = writeln!(stdout, "{line}");
+            }
+            let _ = stdout.flush();
+        }
+    };
+    if print_commits {
+        let broker = std::sync::Arc::downgrade(&broker);
+        let print_new = print_new.clone();
+        std::thread::spawn(move || {
+            while let Some(broker) = broker.upgrade() {
+                print_new(&broker);
+                drop(broker);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    }
     let control = broker.clone();
     // A plain thread: reading stdin blocks, and the broker is safe to drive from any thread.
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines().map_while(Result::ok) {
             if line.trim().is_empty() {
+                continue;
+            }
+            // Prints the commits not printed yet, then answers: what a reader of the output
+            // waits for to know it has every commit sent so far.
+            if print_commits && line.trim() == "print-commits" {
+                print_new(&control);
+                let mut stdout = std::io::stdout().lock();
+                let _ = writeln!(stdout, "ok print-commits");
+                let _ = stdout.flush();
                 continue;
             }
             let answer = line
@@ -121,4 +160,31 @@ pub async fn dev_kafka(
     shutdown.await;
     drop(broker);
     Ok(())
+}
+
+/// The lines `dev-kafka --print-commits` prints for one OffsetCommit a broker was sent, one per
+/// partition: `commit-sent at=RFC3339 broker=B group=G generation=N member=M topic=T
+/// partition=P offset=O` (the group, member and topic as sent, spaces and all never in them:
+/// Kafka's names have none, and librdkafka's member ids neither).
+pub fn commit_sent_line(sent: &broker::SentCommit) -> Vec<String> {
+    let commit = &sent.commit;
+    commit
+        .partitions
+        .iter()
+        .map(|position| {
+            format!(
+                "commit-sent at={} broker={} group={} generation={} member={} topic={} \
+                 partition={} offset={}",
+                sent.wall
+                    .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+                sent.broker,
+                commit.group_id,
+                commit.generation,
+                commit.member_id,
+                position.topic,
+                position.partition,
+                position.offset
+            )
+        })
+        .collect()
 }

@@ -113,6 +113,11 @@ struct DevKafkaArgs {
     /// (freeze-connections, thaw, freeze-new, refuse-connections, reset-connections, latency).
     #[arg(long)]
     proxied: bool,
+    /// Print every OffsetCommit a broker is sent (read off the wire by the proxies), a line
+    /// `commit-sent at=… broker=… group=… generation=… member=… topic=… partition=… offset=…`
+    /// per partition. Needs --proxied.
+    #[arg(long, requires = "proxied")]
+    print_commits: bool,
 }
 
 fn main() -> ExitCode {
@@ -143,6 +148,7 @@ fn main() -> ExitCode {
                 args.partitions,
                 args.brokers,
                 args.proxied,
+                args.print_commits,
                 history_service::app::shutdown_signal(),
             )
             .await?;

@@ -493,12 +493,13 @@ impl SupervisorContext {
         });
     }
 
-    fn assign(&self, tpl: &TopicPartitionList) {
+    fn assign(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
         let partitions = self.assignments.assign(partitions_of(tpl));
         self.stats.rebalance("assign");
         info!(
             partitions = ?names(&partitions),
             epochs = ?epochs(&partitions),
+            member_id = member_id(consumer).unwrap_or_default(),
             "partitions assigned"
         );
         self.joined.store(true, Ordering::Relaxed);
@@ -546,6 +547,23 @@ fn protocol_name(protocol: rdkafka::consumer::RebalanceProtocol) -> &'static str
         rdkafka::consumer::RebalanceProtocol::Cooperative => "cooperative",
         rdkafka::consumer::RebalanceProtocol::Eager => "eager",
         rdkafka::consumer::RebalanceProtocol::None => "none",
+    }
+}
+
+/// The member id the group coordinator gave this consumer (what the broker's tools and its
+/// OffsetCommit requests name it by); `None` before it joined.
+fn member_id<C: ConsumerContext>(consumer: &BaseConsumer<C>) -> Option<String> {
+    // SAFETY: the handle is alive for the call; librdkafka returns a copy (or null), which is
+    // ours to free with rd_kafka_mem_free.
+    unsafe {
+        let rk = consumer.client().native_ptr();
+        let id = rdkafka::bindings::rd_kafka_memberid(rk);
+        if id.is_null() {
+            return None;
+        }
+        let owned = std::ffi::CStr::from_ptr(id).to_string_lossy().into_owned();
+        rdkafka::bindings::rd_kafka_mem_free(rk, id.cast());
+        Some(owned).filter(|id| !id.is_empty())
     }
 }
 
@@ -767,9 +785,9 @@ impl ConsumerContext for SupervisorContext {
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
-            Rebalance::Assign(tpl) => self.assign(tpl),
+            Rebalance::Assign(tpl) => self.assign(consumer, tpl),
             Rebalance::Revoke(_) => {}
             Rebalance::Error(err) => warn!(error = %err, "rebalance error"),
         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use history_devkit::group::GroupInspector;
 use history_devkit::workload::{PlannedRecord, RecordKind};
 
+use crate::broker::SentCommit;
 use crate::producer::Deliveries;
 use crate::schedule::{GROUP, PARTITIONS, TOPIC};
 
@@ -299,6 +300,95 @@ async fn not_durable_at(
             .map(|offset| (*offset, stored.get(offset).copied())),
     );
     Ok(found)
+}
+
+/// What the check of the commits read off the wire found.
+#[derive(Debug, Default)]
+pub struct SentCheck {
+    /// Positions the brokers were sent for the run's group and topic.
+    pub sent: usize,
+    /// Of them, those checked against the database (the rest were at or below a position
+    /// already checked).
+    pub checked: usize,
+    pub violations: Vec<String>,
+}
+
+/// Every OffsetCommit the brokers were sent, whether or not the service logged it — one in
+/// flight when its instance was killed, one librdkafka held and sent after the service's
+/// deadline, one the broker refused: each record before a position must have been durable
+/// when the position left, and within one assignment (a member and its generation) no
+/// position may be sent below one sent before.
+pub fn check_sent(
+    runtime: &tokio::runtime::Runtime,
+    database_url: &str,
+    records: &[PlannedRecord],
+    delivered: &Deliveries,
+    sent: &[SentCommit],
+) -> SentCheck {
+    let mut check = SentCheck::default();
+    let mut ours: Vec<&SentCommit> = sent
+        .iter()
+        .filter(|commit| commit.group == GROUP && commit.topic == TOPIC)
+        .collect();
+    ours.sort_by_key(|commit| commit.at);
+    check.sent = ours.len();
+    if ours.is_empty() {
+        check
+            .violations
+            .push("no OffsetCommit of the group was read off the wire".to_owned());
+        return check;
+    }
+    let mut highest: HashMap<(&str, i32, i32), i64> = HashMap::new();
+    for commit in &ours {
+        let key = (commit.member.as_str(), commit.generation, commit.partition);
+        if let Some(&before) = highest.get(&key) {
+            if commit.offset < before {
+                check.violations.push(format!(
+                    "member {} (generation {}) was sent partition {} offset {} at {} after \
+                     {before} within the same assignment: the position went back",
+                    commit.member, commit.generation, commit.partition, commit.offset, commit.at
+                ));
+            }
+        }
+        let entry = highest.entry(key).or_insert(commit.offset);
+        *entry = (*entry).max(commit.offset);
+    }
+    let mut client = None;
+    let mut verified = vec![0i64; PARTITIONS as usize];
+    for commit in ours {
+        let (partition, offset) = (commit.partition, commit.offset);
+        let from = verified[partition as usize];
+        if offset <= from {
+            continue;
+        }
+        let wanted: Vec<(i64, &PlannedRecord)> = (from..offset)
+            .filter_map(|o| {
+                delivered
+                    .by_place
+                    .get(&(partition, o))
+                    .map(|&i| (o, &records[i]))
+            })
+            .collect();
+        let late = runtime
+            .block_on(not_durable_at(
+                &mut client,
+                database_url,
+                partition,
+                &wanted,
+                commit.at,
+            ))
+            .expect("the database answers once the run is over");
+        for (offset_late, durable) in late {
+            check.violations.push(format!(
+                "member {} was sent partition {partition} offset {offset} at {} while offset \
+                 {offset_late} was not recorded (durable: {durable:?})",
+                commit.member, commit.at
+            ));
+        }
+        verified[partition as usize] = offset;
+        check.checked += 1;
+    }
+    check
 }
 
 /// What the final look at the database and the group found.

@@ -16,7 +16,7 @@ use history_devkit::postgres::ThrowawayCluster;
 use history_devkit::workload::PlannedRecord;
 
 use crate::broker::DevKafka;
-use crate::checker::{CommitSeen, final_checks, spawn_checker};
+use crate::checker::{CommitSeen, check_sent, final_checks, spawn_checker};
 use crate::instance::{Instance, LogFeed, Protocol};
 use crate::producer::{Deliveries, spawn_producer};
 use crate::schedule::{Action, GROUP, PARTITIONS, PRODUCTION_SHARE, TOPIC};
@@ -46,6 +46,10 @@ pub struct Figures {
     pub commits_checked: usize,
     /// Commits at or below a position already checked: covered by that check, not checked again.
     pub commits_covered: usize,
+    /// Positions the brokers were sent (read off the wire), and of them those checked against
+    /// the database ([`crate::checker::check_sent`]).
+    pub commits_sent: usize,
+    pub commits_sent_checked: usize,
     pub lost: usize,
     pub doubled: usize,
     pub violations: Vec<String>,
@@ -92,7 +96,8 @@ impl Figures {
         format!(
             "chaos run: seed {seed}, {:.0} s\n  records {}  (distinct events {}, duplicates {}, poison {})\n  \
              kills {}  starts {}  postgres restarts {}  backend terminations {}  database freezes {} ({} connections, {} writes abandoned at their deadline)  broker faults {}\n  \
-             freezes {}  rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})\n  \
+             freezes {}  rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})  \
+             positions on the wire {} (checked {})\n  \
              lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
              violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
              backward commits while the broker had a partition assigned twice {}{}\n",
@@ -114,6 +119,8 @@ impl Figures {
             self.assignments_lost,
             self.commits_checked,
             self.commits_covered,
+            self.commits_sent,
+            self.commits_sent_checked,
             self.lost,
             self.doubled,
             self.applied_twice(),
@@ -468,6 +475,18 @@ impl Chaos {
         self.figures.double_assigned = checked.double_assigned;
         self.figures.longest_stall = checked.longest_stall;
         self.figures.violations.extend(checked.violations);
+        // What the brokers were sent, logged or not.
+        let sent = self.broker.sent_commits();
+        let on_wire = check_sent(
+            &self.runtime,
+            &self.database_url,
+            &records,
+            &delivered.lock().unwrap(),
+            &sent,
+        );
+        self.figures.commits_sent = on_wire.sent;
+        self.figures.commits_sent_checked = on_wire.checked;
+        self.figures.violations.extend(on_wire.violations);
         self.figures.rebalances = self.feed.rebalances.load(Ordering::Relaxed);
         self.figures.assignments_lost = self.feed.assignments_lost.load(Ordering::Relaxed);
         let by_index = delivered.lock().unwrap().by_index.clone();
