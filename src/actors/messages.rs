@@ -17,11 +17,10 @@ use std::time::Duration;
 
 use actix::{Message, Recipient};
 
-use crate::domain::HistoryEvent;
 pub use crate::domain::budget::Held;
 pub use crate::domain::values::{
-    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Generation, Record,
-    TopicPartition,
+    CommitOutcome, CommitPosition, CommitReason, DeadLetter, DecodedEvent, Epoch, Generation,
+    Record, RecordBytes, TopicPartition,
 };
 pub use crate::kafka::messages::{CommitResult, Lost, Revoke};
 
@@ -107,8 +106,9 @@ pub struct WindowUpdate {
 /// What a writer must do for one record.
 #[derive(Debug, Clone)]
 pub enum Work {
-    /// Record the event (the per-event transaction, batched).
-    Event(HistoryEvent),
+    /// Record the event (the per-event transaction, batched); its record's bytes come along,
+    /// for a dead letter if it turns out to conflict with the stored row.
+    Event(DecodedEvent),
     /// Store the undecodable record in the dead-letter table.
     DeadLetter(DeadLetter),
 }

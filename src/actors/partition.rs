@@ -14,8 +14,8 @@ use tracing::{debug, debug_span, warn};
 
 use super::inflow::Inflow;
 use super::messages::{
-    Admit, AdmitReply, Drained, Epoch, Held, PassedOver, Record, Records, StopPartition,
-    TopicPartition, WindowState, WindowUpdate, Work, WriteJob,
+    Admit, AdmitReply, DecodedEvent, Drained, Epoch, Held, PassedOver, Record, RecordBytes,
+    Records, StopPartition, TopicPartition, WindowState, WindowUpdate, Work, WriteJob,
 };
 use super::pipeline::Pipeline;
 use crate::domain::DeadLetter;
@@ -77,7 +77,14 @@ impl PartitionActor {
         let work = match HistoryEvent::decode(record.payload.as_deref(), max_payload) {
             Ok(event) => {
                 span.record("event_id", event.event_id.as_str());
-                Work::Event(event)
+                Work::Event(DecodedEvent {
+                    event,
+                    record: RecordBytes {
+                        key: record.key,
+                        payload: record.payload,
+                        timestamp_ms: record.timestamp_ms,
+                    },
+                })
             }
             Err(error) => {
                 warn!(

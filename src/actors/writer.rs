@@ -22,8 +22,8 @@ use tracing::{debug, error, info, warn};
 
 use super::committer::OffsetCommitter;
 use super::messages::{
-    Epoch, Generation, Held, InspectWindows, Parked, Resolved, ResolvedOffset, TopicPartition,
-    Withdraw, Withdrawn, Work, WriteJob, WriteJobs,
+    DecodedEvent, Epoch, Generation, Held, InspectWindows, Parked, Resolved, ResolvedOffset,
+    TopicPartition, Withdraw, Withdrawn, Work, WriteJob, WriteJobs,
 };
 use crate::domain::backoff::Backoff;
 use crate::domain::batch_size::BatchSize;
@@ -101,7 +101,7 @@ impl<T> Job<T> {
 /// A batch of jobs, split by kind.
 #[derive(Default)]
 struct Batch {
-    events: Vec<Job<HistoryEvent>>,
+    events: Vec<Job<DecodedEvent>>,
     letters: Vec<Job<DeadLetter>>,
 }
 
@@ -204,7 +204,7 @@ impl std::fmt::Display for Rejection {
 
 /// An event the database rejects by itself, retried alone (its outcome stays Unknown).
 struct ParkedEvent {
-    job: Job<HistoryEvent>,
+    job: Job<DecodedEvent>,
     rejection: Rejection,
     /// The delays between its attempts.
     backoff: Backoff,
@@ -218,7 +218,7 @@ struct BatchResult {
     /// Reason codes of the dead letters stored.
     dead_letter_reasons: Vec<&'static str>,
     /// Events the database rejected by themselves (isolated by bisecting the batch).
-    rejected: Vec<(Job<HistoryEvent>, Rejection)>,
+    rejected: Vec<(Job<DecodedEvent>, Rejection)>,
     /// Jobs whose outcome is Unknown for a reason not about them (an outage), with the error.
     failed: Option<(Batch, StoreError)>,
     /// Jobs attempted.
@@ -415,7 +415,7 @@ impl DbWriter {
     /// Sets an event the database rejects aside: it is retried alone, with backoff, while the
     /// writer goes on with other jobs. Its outcome stays Unknown, so its partition's position
     /// waits at its offset (and the partition's window fills and pauses it, alone).
-    fn park(&mut self, job: Job<HistoryEvent>, rejection: Rejection, ctx: &mut Context<Self>) {
+    fn park(&mut self, job: Job<DecodedEvent>, rejection: Rejection, ctx: &mut Context<Self>) {
         self.stats.outcomes(OutcomeClass::Unknown, 1);
         self.stats.retry();
         metrics::set_stuck_event(
@@ -454,6 +454,7 @@ impl DbWriter {
     fn retry_parked(&mut self, mut parked: ParkedEvent, ctx: &mut Context<Self>) {
         let repository = self.repository.clone();
         let stats = self.stats.clone();
+        let publisher = self.publisher.clone();
         let committer = self.committer.clone();
         let job = parked.job.clone();
         let attempt = async move {
@@ -470,7 +471,15 @@ impl DbWriter {
             if !assigned {
                 return None;
             }
-            Some(write_events(&repository, &stats, std::slice::from_ref(&job)).await)
+            Some(
+                write_events(
+                    &repository,
+                    publisher.as_deref(),
+                    &stats,
+                    std::slice::from_ref(&job),
+                )
+                .await,
+            )
         };
         ctx.spawn(attempt.into_actor(self).map(move |result, writer, ctx| {
             let job = &parked.job;
@@ -618,13 +627,17 @@ async fn execute(
     let mut error = None;
 
     if !events.is_empty() {
-        match write_events(&repository, &stats, &events).await {
+        match write_events(&repository, publisher.as_deref(), &stats, &events).await {
             Ok(classes) => resolved.extend(events.iter().map(Job::position).zip(classes)),
             Err(err) if rejection(&err).is_some() => {
-                let attempt = |chunk: &[Job<HistoryEvent>]| {
-                    let (repository, stats, chunk) =
-                        (repository.clone(), stats.clone(), chunk.to_vec());
-                    async move { write_events(&repository, &stats, &chunk).await }
+                let attempt = |chunk: &[Job<DecodedEvent>]| {
+                    let (repository, publisher, stats, chunk) = (
+                        repository.clone(),
+                        publisher.clone(),
+                        stats.clone(),
+                        chunk.to_vec(),
+                    );
+                    async move { write_events(&repository, publisher.as_deref(), &stats, &chunk).await }
                 };
                 let isolation =
                     bisect::isolate(events, err, attempt, |err| rejection(err).is_some()).await;
@@ -680,14 +693,16 @@ async fn execute(
 }
 
 /// Writes events in one transaction, under the pool's deadline (an expiry is an Unknown
-/// outcome, [`StoreError::TimedOut`]); on success, reports the duplicates whose content differs
-/// from the stored row.
+/// outcome, [`StoreError::TimedOut`]); on success, stores the duplicates whose content differs
+/// from the stored row as dead letters before any outcome is reported — their offsets are not
+/// resolved until then, so a crash in between finds them again.
 async fn write_events(
     repository: &PgHistoryRepository,
+    publisher: Option<&DeadLetterPublisher>,
     stats: &Stats,
-    events: &[Job<HistoryEvent>],
+    events: &[Job<DecodedEvent>],
 ) -> Result<Vec<OutcomeClass>, StoreError> {
-    let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item).collect();
+    let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item.event).collect();
     let resolutions = repository
         .pool()
         .within_deadline(process_history_batch(repository, &refs))
@@ -699,26 +714,30 @@ async fn write_events(
             Resolution::AlreadyApplied => OutcomeClass::AlreadyApplied,
         })
         .collect();
-    report_conflicts(repository, stats, events, &classes).await;
+    keep_conflicts(repository, publisher, stats, events, &classes).await?;
     Ok(classes)
 }
 
 /// A redelivered `event_id` whose content differs from the stored row is not merged: the
-/// stored row stays, and the conflict is counted and logged for an operator to look at.
-async fn report_conflicts(
+/// stored row stays, and the other version is kept as a dead letter (reason
+/// `conflicting_duplicate`, the record's own bytes) for an operator to list and look at. A
+/// redelivery of the same record finds its letter stored and adds nothing. An error here is the
+/// batch's: its events are written again, found applied, and compared again.
+async fn keep_conflicts(
     repository: &PgHistoryRepository,
+    publisher: Option<&DeadLetterPublisher>,
     stats: &Stats,
-    events: &[Job<HistoryEvent>],
+    events: &[Job<DecodedEvent>],
     classes: &[OutcomeClass],
-) {
-    let duplicates: Vec<&Job<HistoryEvent>> = events
+) -> Result<(), StoreError> {
+    let duplicates: Vec<&Job<DecodedEvent>> = events
         .iter()
         .zip(classes)
         .filter(|(_, class)| **class == OutcomeClass::AlreadyApplied)
         .map(|(job, _)| job)
         .collect();
     if duplicates.is_empty() {
-        return;
+        return Ok(());
     }
     let ids: Vec<&str> = duplicates
         .iter()
@@ -726,29 +745,41 @@ async fn report_conflicts(
         .collect();
     // The stored rows never change, so reading them after the commit is as good as inside it.
     let pool = repository.pool();
-    let stored = match pool.within_deadline(load_events(pool, &ids)).await {
-        Ok(stored) => stored,
-        Err(err) => {
-            debug!(error = %err, "could not compare duplicates with their stored rows");
-            return;
-        }
-    };
+    let stored = pool.within_deadline(load_events(pool, &ids)).await?;
+    let mut conflicts = Vec::new();
     for job in duplicates {
-        let event = &job.item;
-        if let Some(row) = stored.get(&event.event_id) {
-            if row != event {
-                stats.conflicting_duplicate();
-                warn!(
-                    event_id = %event.event_id,
-                    partition = %job.tp,
-                    offset = job.offset,
-                    stored = ?row,
-                    redelivered = ?event,
-                    "conflicting duplicate: same event_id, different content; the stored row is kept"
-                );
-            }
+        let event = &job.item.event;
+        let Some(row) = stored.get(&event.event_id) else {
+            continue;
+        };
+        if row == event {
+            continue;
         }
+        stats.conflicting_duplicate();
+        warn!(
+            event_id = %event.event_id,
+            partition = %job.tp,
+            offset = job.offset,
+            stored = ?row,
+            redelivered = ?event,
+            "conflicting duplicate: same event_id, different content; the stored row is kept \
+             and this version goes to the dead-letter table (reason conflicting_duplicate)"
+        );
+        conflicts.push(Job {
+            tp: job.tp.clone(),
+            epoch: job.epoch,
+            generation: job.generation,
+            offset: job.offset,
+            item: DeadLetter::conflicting_duplicate(row, event, job.item.record.clone()),
+            // The event's job holds the record's share until it is resolved.
+            held: Held::nothing(),
+        });
     }
+    if conflicts.is_empty() {
+        return Ok(());
+    }
+    pool.within_deadline(write_dead_letters(repository, publisher, stats, &conflicts))
+        .await
 }
 
 async fn write_dead_letters(

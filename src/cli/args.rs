@@ -4,7 +4,6 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::domain::DecodeError;
 use crate::store::dead_letters::DeadLetterFilter;
 
 #[derive(Debug, Parser)]
@@ -93,11 +92,14 @@ pub struct DeadLetterSelection {
     /// record only within one partition, and one topic when letters of several are stored).
     #[arg(long, requires = "partition")]
     pub offset: Option<i64>,
-    /// Only letters with this reason code (not_json, missing_field, bad_timestamp, ...).
+    /// Only letters with this reason code (not_json, missing_field, bad_timestamp, ...,
+    /// conflicting_duplicate).
     #[arg(
         long,
         value_name = "CODE",
-        value_parser = clap::builder::PossibleValuesParser::new(DecodeError::CODES),
+        value_parser = clap::builder::PossibleValuesParser::new(
+            crate::domain::values::dead_letter_reasons()
+        ),
         hide_possible_values = true
     )]
     pub reason: Option<String>,
@@ -150,7 +152,7 @@ pub struct VerifyArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::Field;
+    use crate::domain::{DecodeError, Field};
 
     #[test]
     fn every_decode_error_code_is_a_valid_reason_and_no_other() {
@@ -195,7 +197,7 @@ mod tests {
         .unwrap_err();
         let text = err.to_string();
         assert!(text.contains("nosuch"), "{text}");
-        for code in DecodeError::CODES {
+        for code in crate::domain::values::dead_letter_reasons() {
             assert!(text.contains(code), "{code} not listed in: {text}");
         }
         let parsed = Cli::try_parse_from([

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::decode::DecodeError;
+use super::event::HistoryEvent;
 
 /// Counts the assignments of a partition to this process. Every message about a partition
 /// carries the epoch it belongs to, so that work of a revoked assignment is recognised and
@@ -114,7 +115,32 @@ impl CommitReason {
     }
 }
 
-/// An undecodable record, as it will be stored.
+/// A record's own bytes, kept with the event decoded from it until the event is written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordBytes {
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub timestamp_ms: Option<i64>,
+}
+
+/// An event with the record it was decoded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodedEvent {
+    pub event: HistoryEvent,
+    pub record: RecordBytes,
+}
+
+/// The event is what the writer reads; the record is only for setting it aside.
+impl std::ops::Deref for DecodedEvent {
+    type Target = HistoryEvent;
+
+    fn deref(&self) -> &HistoryEvent {
+        &self.event
+    }
+}
+
+/// A record that cannot be recorded as an event (undecodable, or a conflicting duplicate), as
+/// it will be stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
     pub key: Option<Vec<u8>>,
@@ -125,7 +151,55 @@ pub struct DeadLetter {
     pub record_timestamp: Option<DateTime<Utc>>,
 }
 
+/// The reason code of a duplicate whose content differs from the stored row's.
+pub const CONFLICTING_DUPLICATE: &str = "conflicting_duplicate";
+
+/// Every reason a dead letter can have: the decoder's codes and a conflicting duplicate.
+pub fn dead_letter_reasons() -> impl Iterator<Item = &'static str> {
+    DecodeError::CODES
+        .into_iter()
+        .chain(std::iter::once(CONFLICTING_DUPLICATE))
+}
+
 impl DeadLetter {
+    /// A redelivered `event_id` whose content differs from the stored row: kept beside it, as
+    /// it came (`record`), with both versions named in the reason.
+    pub fn conflicting_duplicate(
+        stored: &HistoryEvent,
+        redelivered: &HistoryEvent,
+        record: RecordBytes,
+    ) -> Self {
+        let differ: Vec<&str> = [
+            ("ticket_id", stored.ticket_id != redelivered.ticket_id),
+            ("from_status", stored.from_status != redelivered.from_status),
+            ("to_status", stored.to_status != redelivered.to_status),
+            ("changed_at", stored.changed_at != redelivered.changed_at),
+        ]
+        .into_iter()
+        .filter(|(_, differs)| *differs)
+        .map(|(field, _)| field)
+        .collect();
+        DeadLetter {
+            key: record.key,
+            payload: record.payload,
+            reason_code: CONFLICTING_DUPLICATE,
+            reason: format!(
+                "event_id {} is stored with other content ({} differ); the stored row is kept: \
+                 ticket_id={}, from_status={}, to_status={}, changed_at={}",
+                stored.event_id,
+                differ.join(", "),
+                stored.ticket_id,
+                stored.from_status,
+                stored.to_status,
+                stored.changed_at.to_rfc3339(),
+            ),
+            field: None,
+            record_timestamp: record
+                .timestamp_ms
+                .and_then(DateTime::<Utc>::from_timestamp_millis),
+        }
+    }
+
     pub fn new(
         error: &DecodeError,
         key: Option<Vec<u8>>,

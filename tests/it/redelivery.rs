@@ -1,5 +1,6 @@
 //! End to end: a byte-identical redelivery is never a conflicting duplicate, whatever the
-//! precision of its timestamp; a real conflict still counts.
+//! precision of its timestamp; a real conflict counts, and its version is kept as a dead
+//! letter an operator can list.
 
 use std::time::Duration;
 
@@ -36,6 +37,7 @@ async fn identical_redeliveries_with_nanoseconds_or_a_leap_second_are_no_conflic
     );
     let conflict = raw_event("redeliver-conflict", "resolved", "2026-10-03T08:00:00Z");
     let conflicting = raw_event("redeliver-conflict", "closed", "2026-10-03T08:00:00Z");
+    let conflicting_bytes = conflicting.payload.clone().unwrap();
     let records = [
         nano.clone(),
         leap.clone(),
@@ -73,5 +75,54 @@ async fn identical_redeliveries_with_nanoseconds_or_a_leap_second_are_no_conflic
     assert!(
         warnings[0].contains("conflicting duplicate") && warnings[0].contains("redeliver-conflict"),
         "{logs}"
+    );
+
+    // The stored row is the first version; the other is kept, as it came, at its coordinates.
+    let client = app.db.client().await;
+    let stored: String = client
+        .query_one(
+            "SELECT to_status FROM history_events WHERE event_id = 'redeliver-conflict'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(stored, "resolved");
+    let letters = client
+        .query(
+            "SELECT \"offset\", payload, reason_code, reason FROM dead_letters ORDER BY \"offset\"",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1, "only the conflict is a dead letter");
+    let letter = &letters[0];
+    let payload: Vec<u8> = letter.get(1);
+    assert_eq!(
+        (letter.get::<_, i64>(0), payload, letter.get::<_, String>(2)),
+        (
+            7,
+            conflicting_bytes.clone(),
+            "conflicting_duplicate".to_owned()
+        )
+    );
+    let reason: String = letter.get(3);
+    assert!(
+        reason.contains("to_status differ") && reason.contains("to_status=resolved"),
+        "{reason}"
+    );
+
+    // An operator lists it by its reason.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+        .args(["dead-letters", "list", "--reason", "conflicting_duplicate"])
+        .env_remove("HISTORY_CONFIG")
+        .envs(app.env().iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("the binary runs");
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{listed}");
+    assert!(
+        listed.contains("conflicting_duplicate") && listed.contains("redeliver-conflict"),
+        "{listed}"
     );
 }
