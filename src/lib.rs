@@ -35,5 +35,6 @@ pub mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod offsets;
+pub mod replica;
 pub mod store;
 pub mod telemetry;

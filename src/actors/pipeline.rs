@@ -67,6 +67,7 @@ impl Pipeline {
             batch_linger: settings.batch_linger(),
             retry_initial: settings.retry_initial(),
             retry_max: settings.retry_max(),
+            replica: Arc::from(crate::replica::name()),
         };
         // The committer dispatches to the writers and the writers report to the committer:
         // `create` hands out the committer's address before the committer itself exists.

@@ -28,11 +28,13 @@ use super::messages::{
 use crate::domain::backoff::Backoff;
 use crate::domain::batch_size::BatchSize;
 use crate::domain::linger::{Decision, Linger};
+use crate::domain::values::SET_ASIDE;
 use crate::domain::{HistoryEvent, Resolution, bisect, process_history_batch};
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::metrics::{self, OutcomeClass, Stats};
 use crate::store::dead_letters::{self, DeadLetter, DeadLetterRow};
 use crate::store::repository::load_events;
+use crate::store::stuck;
 use crate::store::{PgHistoryRepository, StoreError};
 
 /// The writer's tuning, from `[pipeline]`.
@@ -42,6 +44,8 @@ pub struct WriterSettings {
     pub batch_linger: Duration,
     pub retry_initial: Duration,
     pub retry_max: Duration,
+    /// How this replica names itself in `stuck_events` ([`crate::replica::name`]).
+    pub replica: Arc<str>,
 }
 
 enum State {
@@ -456,7 +460,9 @@ impl DbWriter {
         let stats = self.stats.clone();
         let publisher = self.publisher.clone();
         let committer = self.committer.clone();
+        let replica = self.settings.replica.clone();
         let job = parked.job.clone();
+        let rejected = parked.rejection.clone();
         let attempt = async move {
             // A partition revoked meanwhile is re-read by its next owner: stop retrying here.
             let assigned = committer
@@ -469,17 +475,67 @@ impl DbWriter {
                 })
                 .unwrap_or(true);
             if !assigned {
-                return None;
+                return Retry::Revoked;
             }
-            Some(
-                write_events(
-                    &repository,
-                    publisher.as_deref(),
-                    &stats,
-                    std::slice::from_ref(&job),
-                )
-                .await,
+            let pool = repository.pool();
+            // Reported where an operator's `dead-letters set-aside` finds it, and answered if
+            // asked. The table failing costs only this: the retry goes on.
+            let report = stuck::StuckReport {
+                tp: &job.tp,
+                offset: job.offset,
+                event_id: &job.item.event_id,
+                sqlstate: &rejected.sqlstate,
+                error: &rejected.message,
+                replica: &replica,
+            };
+            match stuck::check_in(pool, &report).await {
+                Ok(Some(request)) => {
+                    let letter = Job {
+                        tp: job.tp.clone(),
+                        epoch: job.epoch,
+                        generation: job.generation,
+                        offset: job.offset,
+                        item: DeadLetter::set_aside(
+                            &job.item.event_id,
+                            job.item.record.clone(),
+                            &request.by,
+                            request.at,
+                            request.reason.as_deref(),
+                            &rejected.to_string(),
+                        ),
+                        held: Held::nothing(),
+                    };
+                    let stored = pool
+                        .within_deadline(write_dead_letters(
+                            &repository,
+                            publisher.as_deref(),
+                            &stats,
+                            std::slice::from_ref(&letter),
+                        ))
+                        .await;
+                    return Retry::SetAside(match stored {
+                        Ok(()) => stuck::resolved(pool, &job.tp, job.offset, &replica)
+                            .await
+                            .map(|()| request),
+                        Err(err) => Err(err),
+                    });
+                }
+                Ok(None) => {}
+                Err(err) => debug!(error = %err, "could not record the stuck event"),
+            }
+            let written = write_events(
+                &repository,
+                publisher.as_deref(),
+                &stats,
+                std::slice::from_ref(&job),
             )
+            .await;
+            if written.is_ok() {
+                if let Err(err) = stuck::written(pool, &job.tp, job.offset).await {
+                    debug!(error = %err, "could not forget the stuck event");
+                }
+            }
+            Retry::Written(written)
         };
         ctx.spawn(attempt.into_actor(self).map(move |result, writer, ctx| {
             let job = &parked.job;
@@ -493,7 +549,7 @@ impl DbWriter {
                 )
             };
             match result {
-                None => {
+                Retry::Revoked => {
                     unstick(&parked.rejection);
                     info!(
                         partition = %job.tp,
@@ -502,7 +558,22 @@ impl DbWriter {
                         "stuck event no longer retried here: its partition was revoked"
                     );
                 }
-                Some(Ok(classes)) => {
+                Retry::SetAside(Ok(request)) => {
+                    unstick(&parked.rejection);
+                    writer.stats.dead_letter_reason(SET_ASIDE);
+                    warn!(
+                        partition = %job.tp,
+                        offset = job.offset,
+                        event_id = %job.item.event_id,
+                        by = %request.by,
+                        reason = request.reason.as_deref().unwrap_or(""),
+                        replica = %writer.settings.replica,
+                        "stuck event set aside on request: stored as a dead letter (reason \
+                         set_aside); its partition moves on"
+                    );
+                    writer.report(vec![(job.position(), OutcomeClass::DeadLetter)]);
+                }
+                Retry::Written(Ok(classes)) => {
                     unstick(&parked.rejection);
                     // The database takes writes again.
                     writer.stats.writes.succeeded();
@@ -517,7 +588,7 @@ impl DbWriter {
                         writer.report(vec![(job.position(), class)]);
                     }
                 }
-                Some(Err(error)) => {
+                Retry::SetAside(Err(error)) | Retry::Written(Err(error)) => {
                     writer.stats.outcomes(OutcomeClass::Unknown, 1);
                     writer.stats.retry();
                     // During an outage the server gives no reason; the last one stands.
@@ -556,6 +627,16 @@ impl DbWriter {
             }
         }));
     }
+}
+
+/// What one retry of a stuck event came to.
+enum Retry {
+    /// Its partition is no longer assigned here.
+    Revoked,
+    /// An operator asked to set it aside: stored as a dead letter (or why not).
+    SetAside(Result<stuck::SetAsideRequest, StoreError>),
+    /// Written again: its outcome (or why not).
+    Written(Result<Vec<OutcomeClass>, StoreError>),
 }
 
 /// The longest a batch waits before it is retried after a session fault (a deadline expired, a

@@ -78,6 +78,28 @@ pub enum DeadLettersCommand {
     /// Publish the dead letters still waiting for `dead_letter.topic` now (the service's relay
     /// retries them anyway); exits 1 if some still fail, with the reason stored on each.
     Publish,
+    /// Set aside an event the database rejects, which holds its partition at its offset: the
+    /// replica retrying it stores it as a dead letter (reason set_aside, its own bytes) at its
+    /// next retry, and the partition moves on. Nothing to stop; `replay` can bring it back once
+    /// the database takes it. Exits 0 once a replica set it aside, 1 if the offset is not a
+    /// stuck event (saying what it is) or no replica answered within --wait.
+    SetAside {
+        /// The stuck event's topic.
+        #[arg(long)]
+        topic: String,
+        /// Its partition.
+        #[arg(long)]
+        partition: i32,
+        /// Its offset (the service's ERROR line and `history_stuck_event` name it).
+        #[arg(long)]
+        offset: i64,
+        /// Why, kept with the letter.
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// How long to wait for the replica's answer; 0 asks and returns.
+        #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+        wait: u64,
+    },
 }
 
 #[derive(Debug, clap::Args)]

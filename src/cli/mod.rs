@@ -132,6 +132,113 @@ async fn run_dead_letters(
             replay_dead_letters(settings, &client, &letters, to_topic.as_deref(), timeout).await
         }
         DeadLettersCommand::Publish => publish_dead_letters(settings, &database).await,
+        DeadLettersCommand::SetAside {
+            topic,
+            partition,
+            offset,
+            reason,
+            wait,
+        } => {
+            let tp = crate::domain::TopicPartition::new(topic, *partition);
+            let pool = database.pool(1, settings.database.connect_timeout());
+            set_aside(
+                &pool,
+                &client,
+                &tp,
+                *offset,
+                reason.as_deref(),
+                Duration::from_secs(*wait),
+            )
+            .await
+        }
+    }
+}
+
+/// How often `set-aside` looks for the replica's answer.
+const SET_ASIDE_POLL: Duration = Duration::from_millis(200);
+
+/// `dead-letters set-aside`: asks, through `stuck_events`, the replica retrying the event at
+/// `tp`/`offset` to store it as a dead letter, and waits up to `wait` for its answer.
+async fn set_aside(
+    pool: &crate::store::PgPool,
+    client: &tokio_postgres::Client,
+    tp: &crate::domain::TopicPartition,
+    offset: i64,
+    reason: Option<&str>,
+    wait: Duration,
+) -> anyhow::Result<ExitCode> {
+    use crate::store::stuck;
+    let Some(stuck) = stuck::lookup(pool, tp, offset).await? else {
+        let letters = dead_letters::list(
+            client,
+            &dead_letters::DeadLetterFilter {
+                topic: Some(tp.topic.to_string()),
+                partition: Some(tp.partition),
+                offset: Some(offset),
+                reason_code: None,
+                include_replayed: true,
+                limit: 1,
+            },
+        )
+        .await?;
+        match letters.first() {
+            Some(letter) => println!(
+                "{tp} offset {offset} is not stuck: it is a dead letter already (reason {})",
+                letter.reason_code
+            ),
+            None => println!(
+                "{tp} offset {offset} is not stuck: no replica reports an event the database \
+                 rejects there (a stuck event is named by the service's ERROR line and by \
+                 history_stuck_event; an event written or a record dead-lettered is not stuck)"
+            ),
+        }
+        return Ok(ExitCode::from(1));
+    };
+    if let (Some(by), Some(at)) = (&stuck.resolved_by, stuck.resolved_at) {
+        let asked = stuck
+            .request
+            .as_ref()
+            .map(|request| format!(" (asked by {} at {})", request.by, request.at.to_rfc3339()))
+            .unwrap_or_default();
+        println!(
+            "{tp} offset {offset} (event_id {}) was set aside already{asked}: stored as a dead \
+             letter by replica {by} at {}",
+            stuck.event_id,
+            at.to_rfc3339()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    stuck::request_set_aside(pool, tp, offset, &crate::replica::operator(), reason).await?;
+    println!(
+        "asked to set aside {tp} offset {offset} (event_id {}; the database rejects it: {}: {}; \
+         retried by replica {} since {})",
+        stuck.event_id,
+        stuck.sqlstate,
+        stuck.error,
+        stuck.replica,
+        stuck.stuck_since.to_rfc3339()
+    );
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if let Some(now) = stuck::lookup(pool, tp, offset).await? {
+            if let (Some(by), Some(at)) = (now.resolved_by, now.resolved_at) {
+                println!(
+                    "set aside: {tp} offset {offset} is a dead letter now (reason set_aside), \
+                     stored by replica {by} at {}; its partition moves on",
+                    at.to_rfc3339()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            println!(
+                "no replica has set it aside within {} s: the replica holding {tp} answers at \
+                 its next retry (within pipeline.retry_max_ms); the request stands",
+                wait.as_secs()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        tokio::time::sleep(SET_ASIDE_POLL).await;
     }
 }
 

@@ -154,11 +154,15 @@ pub struct DeadLetter {
 /// The reason code of a duplicate whose content differs from the stored row's.
 pub const CONFLICTING_DUPLICATE: &str = "conflicting_duplicate";
 
-/// Every reason a dead letter can have: the decoder's codes and a conflicting duplicate.
+/// The reason code of an event the database rejects that an operator set aside.
+pub const SET_ASIDE: &str = "set_aside";
+
+/// Every reason a dead letter can have: the decoder's codes, a conflicting duplicate, an event
+/// set aside.
 pub fn dead_letter_reasons() -> impl Iterator<Item = &'static str> {
     DecodeError::CODES
         .into_iter()
-        .chain(std::iter::once(CONFLICTING_DUPLICATE))
+        .chain([CONFLICTING_DUPLICATE, SET_ASIDE])
 }
 
 impl DeadLetter {
@@ -192,6 +196,35 @@ impl DeadLetter {
                 stored.from_status,
                 stored.to_status,
                 stored.changed_at.to_rfc3339(),
+            ),
+            field: None,
+            record_timestamp: record
+                .timestamp_ms
+                .and_then(DateTime::<Utc>::from_timestamp_millis),
+        }
+    }
+
+    /// An event the database rejects, set aside by an operator's request: its own bytes, who
+    /// asked and when, and what the database said.
+    pub fn set_aside(
+        event_id: &str,
+        record: RecordBytes,
+        by: &str,
+        at: DateTime<Utc>,
+        reason: Option<&str>,
+        rejected: &str,
+    ) -> Self {
+        let why = reason
+            .map(|reason| format!(": {reason}"))
+            .unwrap_or_default();
+        DeadLetter {
+            key: record.key,
+            payload: record.payload,
+            reason_code: SET_ASIDE,
+            reason: format!(
+                "event_id {event_id} set aside by {by} at {}{why}; the database rejected it: \
+                 {rejected}",
+                at.to_rfc3339()
             ),
             field: None,
             record_timestamp: record

@@ -7,6 +7,7 @@ pub mod error;
 pub mod migrate;
 pub mod pool;
 pub mod repository;
+pub mod stuck;
 pub mod target;
 pub mod traces;
 pub mod verify;
