@@ -98,16 +98,32 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Reads an exposition; a line that is neither a comment nor a sample fails the caller (a
+    /// test, the bench): a series it cannot read would otherwise look absent, and an assertion
+    /// about it pass or fail for the wrong reason. See [`try_parse`](Self::try_parse).
     pub fn parse(text: &str) -> Metrics {
+        Self::try_parse(text).unwrap_or_else(|err| panic!("{err}\n{text}"))
+    }
+
+    /// Reads an exposition, or names the first line that is not a sample.
+    pub fn try_parse(text: &str) -> Result<Metrics, String> {
         let samples = text
             .lines()
-            .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-            .filter_map(Sample::parse)
-            .collect();
-        Metrics {
+            .enumerate()
+            .filter(|(_, line)| !line.starts_with('#') && !line.trim().is_empty())
+            .map(|(number, line)| {
+                Sample::parse(line).ok_or_else(|| {
+                    format!(
+                        "line {} of the exposition is not a sample: {line:?}",
+                        number + 1
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Metrics {
             text: text.to_owned(),
             samples,
-        }
+        })
     }
 
     /// The exposition as served.
@@ -208,5 +224,20 @@ mod tests {
         );
         assert_eq!(sample(TEXT, "history_transaction_seconds_count"), Some(4.0));
         assert_eq!(metrics.to_string(), TEXT);
+    }
+
+    #[test]
+    fn a_line_that_is_not_a_sample_is_named_not_skipped() {
+        for bad in [
+            "history_events_total{outcome=\"applied\" 12\n",
+            "history_events_total{outcome=\"applied\"} twelve\n",
+            "history_events_total\n",
+            "history_stuck_event{topic=\"t} 1\n",
+        ] {
+            let text = format!("{TEXT}{bad}");
+            let err = Metrics::try_parse(&text).unwrap_err();
+            assert!(err.contains("line 8"), "{bad:?}: {err}");
+        }
+        assert!(Metrics::try_parse(TEXT).is_ok());
     }
 }
