@@ -147,6 +147,156 @@ impl OffsetCommit {
     }
 }
 
+/// Writes requests as the protocol lays them out.
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn i16(&mut self, v: i16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn i32(&mut self, v: i32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn i64(&mut self, v: i64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_be_bytes());
+        self
+    }
+    fn varint(&mut self, mut v: u64) -> &mut Self {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+        self
+    }
+    fn string(&mut self, s: Option<&str>, compact: bool) -> &mut Self {
+        match (s, compact) {
+            (None, true) => self.varint(0),
+            (None, false) => self.i16(-1),
+            (Some(s), true) => {
+                self.varint(s.len() as u64 + 1);
+                self.0.extend_from_slice(s.as_bytes());
+                self
+            }
+            (Some(s), false) => {
+                self.i16(s.len() as i16);
+                self.0.extend_from_slice(s.as_bytes());
+                self
+            }
+        }
+    }
+    fn array(&mut self, len: usize, compact: bool) -> &mut Self {
+        if compact {
+            self.varint(len as u64 + 1)
+        } else {
+            self.i32(len as i32)
+        }
+    }
+    fn no_tags(&mut self, flexible: bool) -> &mut Self {
+        if flexible {
+            self.varint(0);
+        }
+        self
+    }
+}
+
+impl OffsetCommit {
+    /// This commit as a request of its `version`, framed (its size first), with
+    /// `correlation_id`: what a client of the group would send. For tests that play another
+    /// member, such as one a broker assigned the same partition to.
+    pub fn encode(&self, correlation_id: i32) -> Vec<u8> {
+        let version = self.version;
+        let flexible = version >= OFFSET_COMMIT_FIRST_FLEXIBLE;
+        let mut w = Writer::default();
+        w.i16(OFFSET_COMMIT)
+            .i16(version)
+            .i32(correlation_id)
+            .string(Some("history-devkit"), false)
+            .no_tags(flexible);
+        w.string(Some(&self.group_id), flexible);
+        if version >= 1 {
+            w.i32(self.generation)
+                .string(Some(&self.member_id), flexible);
+        }
+        if version >= 7 {
+            w.string(None, flexible);
+        }
+        if (2..=4).contains(&version) {
+            w.i64(-1);
+        }
+        let mut topics: Vec<(&str, Vec<&CommittedPartition>)> = Vec::new();
+        for position in &self.partitions {
+            match topics
+                .iter_mut()
+                .find(|(topic, _)| *topic == position.topic)
+            {
+                Some((_, partitions)) => partitions.push(position),
+                None => topics.push((&position.topic, vec![position])),
+            }
+        }
+        w.array(topics.len(), flexible);
+        for (topic, partitions) in topics {
+            w.string(Some(topic), flexible)
+                .array(partitions.len(), flexible);
+            for position in partitions {
+                w.i32(position.partition).i64(position.offset);
+                if version >= 6 {
+                    w.i32(-1);
+                }
+                if version == 1 {
+                    w.i64(-1);
+                }
+                w.string(position.metadata.as_deref(), flexible)
+                    .no_tags(flexible);
+            }
+            w.no_tags(flexible);
+        }
+        w.no_tags(flexible);
+        let mut framed = (w.0.len() as u32).to_be_bytes().to_vec();
+        framed.extend_from_slice(&w.0);
+        framed
+    }
+}
+
+/// The error code of each partition in an OffsetCommit response of `version` (one framed
+/// response, without its size): `(topic, partition, code)`, 0 for a commit applied.
+pub fn offset_commit_response(
+    response: &[u8],
+    version: i16,
+) -> Result<Vec<(String, i32, i16)>, WireError> {
+    let flexible = version >= OFFSET_COMMIT_FIRST_FLEXIBLE;
+    let mut reader = Reader {
+        bytes: response,
+        at: 0,
+    };
+    let _correlation_id = reader.i32()?;
+    if flexible {
+        reader.tagged_fields()?;
+    }
+    if version >= 3 {
+        let _throttle_ms = reader.i32()?;
+    }
+    let mut codes = Vec::new();
+    for _ in 0..reader.array_len(flexible)? {
+        let topic = reader.string(flexible)?.unwrap_or_default();
+        for _ in 0..reader.array_len(flexible)? {
+            let partition = reader.i32()?;
+            let code = reader.i16()?;
+            if flexible {
+                reader.tagged_fields()?;
+            }
+            codes.push((topic.clone(), partition, code));
+        }
+        if flexible {
+            reader.tagged_fields()?;
+        }
+    }
+    Ok(codes)
+}
+
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
@@ -272,62 +422,6 @@ impl Reader<'_> {
 mod tests {
     use super::*;
 
-    /// Writes requests as the protocol lays them out, for the reader to read back.
-    #[derive(Default)]
-    struct Writer(Vec<u8>);
-
-    impl Writer {
-        fn i16(&mut self, v: i16) -> &mut Self {
-            self.0.extend_from_slice(&v.to_be_bytes());
-            self
-        }
-        fn i32(&mut self, v: i32) -> &mut Self {
-            self.0.extend_from_slice(&v.to_be_bytes());
-            self
-        }
-        fn i64(&mut self, v: i64) -> &mut Self {
-            self.0.extend_from_slice(&v.to_be_bytes());
-            self
-        }
-        fn varint(&mut self, mut v: u64) -> &mut Self {
-            while v >= 0x80 {
-                self.0.push((v as u8) | 0x80);
-                v >>= 7;
-            }
-            self.0.push(v as u8);
-            self
-        }
-        fn string(&mut self, s: Option<&str>, compact: bool) -> &mut Self {
-            match (s, compact) {
-                (None, true) => self.varint(0),
-                (None, false) => self.i16(-1),
-                (Some(s), true) => {
-                    self.varint(s.len() as u64 + 1);
-                    self.0.extend_from_slice(s.as_bytes());
-                    self
-                }
-                (Some(s), false) => {
-                    self.i16(s.len() as i16);
-                    self.0.extend_from_slice(s.as_bytes());
-                    self
-                }
-            }
-        }
-        fn array(&mut self, len: usize, compact: bool) -> &mut Self {
-            if compact {
-                self.varint(len as u64 + 1)
-            } else {
-                self.i32(len as i32)
-            }
-        }
-        fn no_tags(&mut self, flexible: bool) -> &mut Self {
-            if flexible {
-                self.varint(0);
-            }
-            self
-        }
-    }
-
     /// An OffsetCommit of `version` with two topics, the second of two partitions.
     fn offset_commit(version: i16) -> Vec<u8> {
         let flexible = version >= 8;
@@ -422,6 +516,23 @@ mod tests {
         let mut longer = whole.clone();
         longer.push(0);
         assert!(OffsetCommit::parse(&longer).is_err());
+    }
+
+    #[test]
+    fn an_encoded_commit_reads_back_the_same_at_every_version() {
+        for version in 0..=9 {
+            let commit = OffsetCommit::parse(&offset_commit(version))
+                .unwrap()
+                .unwrap();
+            let framed = commit.encode(5);
+            let frames = RequestFrames::default().push(&framed);
+            assert_eq!(frames.len(), 1);
+            let mut again = OffsetCommit::parse(&frames[0]).unwrap().unwrap();
+            if version == 0 {
+                again.generation = commit.generation;
+            }
+            assert_eq!(again, commit, "v{version}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use history_devkit::broker::EmbeddedBroker;
 use history_devkit::group::GroupInspector;
+use history_devkit::test_app::TestApp;
 use history_service::domain::{CommitPosition, CommitReason, Epoch, TopicPartition};
 use history_service::kafka::context::{CommitterLink, RebalanceEvent, SupervisorContext};
 use history_service::kafka::messages::{Lost, Revoke};
@@ -508,4 +509,100 @@ async fn a_commit_retried_after_coordinator_load_in_progress_is_never_overtaken(
         "loading",
     )
     .await;
+}
+
+/// Sends `commit` to the broker listening at `address` and answers each partition's error code.
+fn send_commit(
+    address: &str,
+    commit: &history_devkit::kafka_wire::OffsetCommit,
+) -> Vec<(String, i32, i16)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(&commit.encode(1)).unwrap();
+    let mut size = [0u8; 4];
+    stream.read_exact(&mut size).unwrap();
+    let mut response = vec![0u8; u32::from_be_bytes(size) as usize];
+    stream.read_exact(&mut response).unwrap();
+    history_devkit::kafka_wire::offset_commit_response(&response, commit.version).unwrap()
+}
+
+/// The service's own re-assertion, through the real ledger and broker: another member commits
+/// a lower position for a partition the service holds (as a broker that assigned it twice lets
+/// that member do: here its commit is the service's last one, read off the wire, with the
+/// offset lowered to 0, which the broker applies). The partition is idle and the service's
+/// ledger holds its position as confirmed; only the re-assertion, every tenth commit tick,
+/// commits it again. Without it the position stays at 0 until new records arrive.
+async fn a_position_lowered_by_another_member_is_reasserted(protocol: &str) {
+    let mut app = TestApp::spawn(|o| {
+        o.protocol(protocol);
+        o.broker_proxied = true;
+        o.env("HISTORY__PIPELINE__COMMIT_INTERVAL_MS", "50");
+    })
+    .await;
+    let records = history_devkit::workload::generate(&history_devkit::workload::WorkloadSpec {
+        records: 200,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: "reassert".into(),
+        tickets: 20,
+        max_payload_bytes: 65536,
+        seed: 3,
+    });
+    app.produce(&records).await;
+    let ends = app.wait_committed(Duration::from_secs(30)).await;
+    assert!(ends[0].unwrap_or(0) > 0, "{ends:?}");
+
+    let broker = app.broker();
+    let last = broker
+        .sent_commits()
+        .into_iter()
+        .rev()
+        .find(|sent| {
+            sent.commit.group_id == app.group
+                && sent
+                    .commit
+                    .partitions
+                    .iter()
+                    .any(|p| p.partition == 0 && Some(p.offset) == ends[0])
+        })
+        .expect("the service's commit of partition 0 was read off the wire");
+    let mut lowered = last.commit.clone();
+    lowered.partitions = vec![history_devkit::kafka_wire::CommittedPartition {
+        topic: app.topic.clone(),
+        partition: 0,
+        offset: 0,
+        metadata: None,
+    }];
+    // Straight to the broker the service committed to, not through its proxy.
+    let listeners = broker.cluster().bootstrap_servers();
+    let listener = listeners
+        .split(',')
+        .nth(last.broker as usize - 1)
+        .unwrap()
+        .to_owned();
+    let codes = send_commit(&listener, &lowered);
+    assert_eq!(
+        codes,
+        vec![(app.topic.clone(), 0, 0)],
+        "the lower commit was refused"
+    );
+
+    // Re-asserted within ten ticks of 50 ms; allowed far more.
+    let back = app.wait_committed(Duration::from_secs(10)).await;
+    assert_eq!(back, ends);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+#[actix_rt::test]
+async fn a_position_lowered_by_another_member_is_reasserted_under_the_classic_protocol() {
+    a_position_lowered_by_another_member_is_reasserted("classic").await;
+}
+
+#[actix_rt::test]
+async fn a_position_lowered_by_another_member_is_reasserted_under_the_consumer_protocol() {
+    a_position_lowered_by_another_member_is_reasserted("consumer").await;
 }
