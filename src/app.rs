@@ -547,7 +547,9 @@ async fn start(
         Ok(_) => Traces {
             check: Arc::new(TraceCheck::new(
                 settings.kafka.clone(),
-                pool.clone(),
+                // A connection of its own: the check never waits for the writers' pool, nor
+                // takes a connection a writer waits for.
+                database.pool(1, settings.database.connect_timeout()),
                 settings.pipeline.max_payload_bytes,
             )),
             group: Arc::from(settings.kafka.group_id.as_str()),

@@ -19,7 +19,35 @@ use crate::domain::{Record, TopicPartition};
 /// A client of the cluster that reads as the service does (committed transactions only) and
 /// looks up the group's committed offsets, without joining the group or committing anything.
 pub struct TailReader {
-    consumer: BaseConsumer<LoggedClientContext>,
+    /// A client of the group: asks for its committed offsets, nothing else.
+    group: BaseConsumer<TailContext>,
+    /// A client of no group of the service's: reads the tails.
+    consumer: BaseConsumer<TailContext>,
+}
+
+/// The checking client's errors, summarised as every client's are — but for the end of a
+/// partition: librdkafka reports it to the error callback as well as to the poll, and here it
+/// is the signal the read waits for, not a fault (it was an ERROR line at every assignment).
+struct TailContext(LoggedClientContext);
+
+impl rdkafka::client::ClientContext for TailContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        self.0.log(level, facility, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_partition_eof(&error) {
+            return;
+        }
+        self.0.error(error, reason);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for TailContext {}
+
+fn is_partition_eof(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::PartitionEOF(_))
+        || error.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
 }
 
 /// Why a tail was not read whole.
@@ -41,20 +69,39 @@ pub struct Tail {
 
 impl TailReader {
     pub fn new(settings: &KafkaSettings) -> Result<Self, KafkaSetupError> {
-        let mut config = cluster_config(settings, "checker")?;
-        config
+        // Two clients: one of the group, which only asks for its committed offsets; one of no
+        // group, which reads. A client of the group that assigns itself partitions and
+        // fetches them disturbed the group's own members under rebalances (revokes ran out of
+        // time and records were done twice); one that reads outside it is a plain reader.
+        let mut offsets = cluster_config(settings, "checker")?;
+        offsets
             .set("group.id", &settings.group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        let mut reading = cluster_config(settings, "checker")?;
+        reading
+            .set("group.id", format!("{}.trace-check", settings.group_id))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("enable.partition.eof", "true")
             .set("isolation.level", "read_committed")
-            .set("auto.offset.reset", "earliest");
-        // Its errors are summarised, as every client's are, rather than a line each.
-        let context = LoggedClientContext::new(settings.error_log_interval());
-        let consumer = create_client("checking client", settings, || {
-            config.create_with_context(context)
+            .set("auto.offset.reset", "earliest")
+            // It wants a few dozen records below the committed position, not the backlog past
+            // it: librdkafka's defaults would prefetch up to 100,000 records a partition.
+            .set("queued.min.messages", "1")
+            .set("queued.max.messages.kbytes", "1024")
+            .set("fetch.max.bytes", "1048576")
+            .set("max.partition.fetch.bytes", "262144")
+            .set("fetch.wait.max.ms", "50");
+        // Their errors are summarised, as every client's are, rather than a line each.
+        let context = || TailContext(LoggedClientContext::new(settings.error_log_interval()));
+        let group = create_client("checking client", settings, || {
+            offsets.create_with_context(context())
         })?;
-        Ok(TailReader { consumer })
+        let consumer = create_client("checking client", settings, || {
+            reading.create_with_context(context())
+        })?;
+        Ok(TailReader { group, consumer })
     }
 
     /// The group's committed position of each partition; `None` where it has none.
@@ -67,7 +114,7 @@ impl TailReader {
         for tp in partitions {
             tpl.add_partition(&tp.topic, tp.partition);
         }
-        let committed = self.consumer.committed_offsets(tpl, timeout)?;
+        let committed = self.group.committed_offsets(tpl, timeout)?;
         Ok(partitions
             .iter()
             .map(|tp| {
@@ -154,5 +201,23 @@ impl TailReader {
         };
         let _ = self.consumer.unassign();
         result.map(|()| Tail { records })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+    use super::is_partition_eof;
+
+    #[test]
+    fn the_end_of_a_partition_is_not_an_error_of_the_checking_client() {
+        assert!(is_partition_eof(&KafkaError::Global(
+            RDKafkaErrorCode::PartitionEOF
+        )));
+        assert!(is_partition_eof(&KafkaError::PartitionEOF(3)));
+        assert!(!is_partition_eof(&KafkaError::Global(
+            RDKafkaErrorCode::AllBrokersDown
+        )));
     }
 }
