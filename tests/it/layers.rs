@@ -138,7 +138,14 @@ fn config_knows_nothing_of_postgresql_kafka_or_the_layers_above() {
 const LAYERS: [&[&str]; 5] = [
     &["domain", "offsets"],
     &["config"],
-    &["store", "kafka", "metrics", "health", "telemetry"],
+    &[
+        "store",
+        "kafka",
+        "metrics",
+        "health",
+        "telemetry",
+        "replica",
+    ],
     &["actors"],
     &["app", "http", "cli"],
 ];
