@@ -50,6 +50,8 @@ pub struct Figures {
     /// the database ([`crate::checker::check_sent`]).
     pub commits_sent: usize,
     pub commits_sent_checked: usize,
+    /// Late copies of earlier commit requests seen on the wire ([`crate::checker::SentCheck`]).
+    pub late_copies: Vec<String>,
     pub lost: usize,
     pub doubled: usize,
     pub violations: Vec<String>,
@@ -97,7 +99,7 @@ impl Figures {
             "chaos run: seed {seed}, {:.0} s\n  records {}  (distinct events {}, duplicates {}, poison {})\n  \
              kills {}  starts {}  postgres restarts {}  backend terminations {}  database freezes {} ({} connections, {} writes abandoned at their deadline)  broker faults {}\n  \
              freezes {}  rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})  \
-             positions on the wire {} (checked {})\n  \
+             positions on the wire {} (checked {}, late copies of earlier requests {})\n  \
              lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
              violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
              backward commits while the broker had a partition assigned twice {}{}\n",
@@ -121,6 +123,7 @@ impl Figures {
             self.commits_covered,
             self.commits_sent,
             self.commits_sent_checked,
+            self.late_copies.len(),
             self.lost,
             self.doubled,
             self.applied_twice(),
@@ -239,6 +242,7 @@ impl Chaos {
                 rebalances: Arc::new(AtomicUsize::new(0)),
                 assignments_lost: Arc::new(AtomicUsize::new(0)),
                 owned: Arc::new(Mutex::new(Vec::new())),
+                members: Arc::new(Mutex::new(std::collections::HashMap::new())),
             },
             commit_feed: Some(commit_feed),
             figures: Figures::default(),
@@ -483,9 +487,15 @@ impl Chaos {
             &records,
             &delivered.lock().unwrap(),
             &sent,
+            &self.feed.owned.lock().unwrap(),
+            &self.feed.members.lock().unwrap(),
         );
         self.figures.commits_sent = on_wire.sent;
         self.figures.commits_sent_checked = on_wire.checked;
+        for line in &on_wire.late_copies {
+            eprintln!("  on the wire: {line}");
+        }
+        self.figures.late_copies = on_wire.late_copies;
         self.figures.violations.extend(on_wire.violations);
         self.figures.rebalances = self.feed.rebalances.load(Ordering::Relaxed);
         self.figures.assignments_lost = self.feed.assignments_lost.load(Ordering::Relaxed);

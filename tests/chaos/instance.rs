@@ -52,6 +52,9 @@ pub struct LogFeed {
     pub assignments_lost: Arc<AtomicUsize>,
     /// Every assignment each instance's log reports, from its start to its end.
     pub owned: Arc<std::sync::Mutex<Vec<Owned>>>,
+    /// The instance each member id the group coordinator gave belongs to (from the member id
+    /// its assignment lines carry).
+    pub members: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
 }
 
 /// The partition numbers and epochs of a rebalance line (`partitions=["t[4]", …]`,
@@ -119,6 +122,9 @@ impl LogFeed {
             }
             Some("partitions assigned") => {
                 self.rebalances.fetch_add(1, Ordering::Relaxed);
+                if let Some(member) = entry["member_id"].as_str().filter(|m| !m.is_empty()) {
+                    self.members.lock().unwrap().insert(member.to_owned(), n);
+                }
                 let mut owned = self.owned.lock().unwrap();
                 let at = at();
                 for (partition, epoch) in assignments_of(&entry) {
