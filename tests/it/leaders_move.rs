@@ -19,6 +19,7 @@ async fn drain_across_brokers(prefix: &str) -> TestApp {
     let app = TestApp::prepare(|o| {
         o.partitions = PARTITIONS;
         o.brokers = BROKERS;
+        o.broker_proxied = true;
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
         o.env("HISTORY__KAFKA__SESSION_TIMEOUT_MS", "10000");
     })
@@ -105,11 +106,20 @@ async fn a_broker_down_for_a_while_and_another_decommissioned_cost_no_record_and
     let mut app = drain_across_brokers("decommission").await;
     app.start();
     app.wait_rows(2_000, Duration::from_secs(60)).await;
-    app.broker().cluster().broker_down(2).unwrap();
+    // Down as its clients see it: every connection to it reset and new ones refused, through
+    // its proxy. (The mock's own broker_down closes the broker's listening socket, and
+    // broker_up binds the same port again — which aborted the whole test binary in a CI run,
+    // "Failed to create mock broker listener", when another socket had taken the port.)
+    let proxy = app
+        .broker()
+        .proxy(2)
+        .expect("the cluster runs behind proxies");
+    proxy.refuse_new(true);
+    proxy.reset_all();
     let down_at = Instant::now();
     app.wait_rows(4_000, Duration::from_secs(60)).await;
     assert!(down_at.elapsed() < Duration::from_secs(60));
-    app.broker().cluster().broker_up(2).unwrap();
+    proxy.refuse_new(false);
     app.wait_rows(6_000, Duration::from_secs(60)).await;
     app.broker().decommission(3).unwrap();
     assert!(
