@@ -60,3 +60,23 @@ pub fn test_settings(
         .collect();
     history_service::config::Settings::load_from(None, Some(env)).expect("valid test settings")
 }
+
+/// Runs `history-service ARGS` against `app`'s deployment (its environment, no config file);
+/// the exit code and what it printed, standard output then standard error.
+pub fn run_service_command(
+    app: &history_devkit::test_app::TestApp,
+    args: &[&str],
+) -> (Option<i32>, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
+        .args(args)
+        .env_remove("HISTORY_CONFIG")
+        .envs(app.env().iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .output()
+        .expect("the binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), text)
+}

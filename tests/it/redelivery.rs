@@ -113,14 +113,11 @@ async fn identical_redeliveries_with_nanoseconds_or_a_leap_second_are_no_conflic
     );
 
     // An operator lists it by its reason.
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_history-service"))
-        .args(["dead-letters", "list", "--reason", "conflicting_duplicate"])
-        .env_remove("HISTORY_CONFIG")
-        .envs(app.env().iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .output()
-        .expect("the binary runs");
-    let listed = String::from_utf8_lossy(&output.stdout);
-    assert_eq!(output.status.code(), Some(0), "{listed}");
+    let (code, listed) = crate::common::run_service_command(
+        &app,
+        &["dead-letters", "list", "--reason", "conflicting_duplicate"],
+    );
+    assert_eq!(code, Some(0), "{listed}");
     assert!(
         listed.contains("conflicting_duplicate") && listed.contains("redeliver-conflict"),
         "{listed}"

@@ -4,7 +4,6 @@
 //! the committed position against the database and says so loudly; `verify` says so too; and
 //! the operator's fix — the group moved back — brings every record back, exactly.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,18 +30,7 @@ fn records(prefix: &str, seed: u64) -> Vec<PlannedRecord> {
 
 /// `history-service verify` against the app's database and group.
 fn verify(app: &TestApp) -> (Option<i32>, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_history-service"))
-        .arg("verify")
-        .env_remove("HISTORY_CONFIG")
-        .envs(app.env().iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .output()
-        .expect("the binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.code(), text)
+    crate::common::run_service_command(app, &["verify"])
 }
 
 /// Commits `offsets` for `group` from outside, as `kafka-consumer-groups --reset-offsets` does

@@ -2,7 +2,6 @@
 //! run — the database is the channel, so it does not matter which replica holds it. It becomes
 //! a dead letter with its own bytes, its partition moves on, and nothing else is touched.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use history_devkit::test_app::TestApp;
@@ -17,31 +16,24 @@ const STUCK_PARTITION: i32 = 1;
 /// Runs `history-service dead-letters set-aside …` against `app`'s deployment; the exit code
 /// and what it printed.
 fn set_aside(app: &TestApp, topic: &str, partition: i32, offset: i64) -> (Option<i32>, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_history-service"))
-        .args([
+    let (partition, offset) = (partition.to_string(), offset.to_string());
+    crate::common::run_service_command(
+        app,
+        &[
             "dead-letters",
             "set-aside",
             "--topic",
             topic,
             "--partition",
-            &partition.to_string(),
+            &partition,
             "--offset",
-            &offset.to_string(),
+            &offset,
             "--reason",
             "ticket-poison is a test ticket",
             "--wait",
             "60",
-        ])
-        .env_remove("HISTORY_CONFIG")
-        .envs(app.env().iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .output()
-        .expect("the binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.code(), text)
+        ],
+    )
 }
 
 #[actix_rt::test]
