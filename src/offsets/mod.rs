@@ -3,12 +3,16 @@
 //! structures; the OffsetCommitter actor owns one window per partition, the Kafka side the
 //! ledger.
 
+pub mod done;
 pub mod ledger;
 pub mod reset;
 mod window;
 
+pub use done::{DoneOffsets, Encoded, Run, Unreadable};
 pub use ledger::{CommitLedger, CommitPlan};
 pub use window::{Generation, OffsetWindow, Rewind, TrackResult, UntrackedOffset};
 
+#[cfg(test)]
+mod done_props;
 #[cfg(test)]
 mod window_props;
