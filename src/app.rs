@@ -493,7 +493,11 @@ async fn start(
         interval: settings.kafka.metadata_refresh(),
         missing: readiness.missing_topics(),
     })
-    .with_health(readiness.client_health());
+    .with_health(readiness.client_health())
+    .with_done_lists(
+        pipeline.committer().clone().recipient(),
+        settings.kafka.commit_metadata_max_bytes as usize,
+    );
     let budget = settings.pipeline.budget();
     let brokers = tokio::select! {
         brokers = brokers_to_size_for(settings) => brokers,

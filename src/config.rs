@@ -144,6 +144,11 @@ pub struct KafkaSettings {
     /// Repeats of one client error within this long are summarised in one line.
     #[serde(deserialize_with = "strict::integer")]
     pub error_log_interval_ms: u64,
+    /// The most each commit's metadata may hold of the list of offsets above its position that
+    /// are done (`offsets::done`); the brokers' `offset.metadata.max.bytes` bounds it. 0: none
+    /// written, none read.
+    #[serde(deserialize_with = "strict::integer")]
+    pub commit_metadata_max_bytes: u64,
     /// librdkafka properties passed through verbatim; values may be secrets.
     #[serde(default)]
     pub properties: BTreeMap<String, SecretString>,
@@ -509,6 +514,18 @@ impl Settings {
             1,
             DAY_MS,
         )?;
+        if !(kafka.commit_metadata_max_bytes == 0
+            || (64..=1 << 20).contains(&kafka.commit_metadata_max_bytes))
+        {
+            return Err(ConfigError::invalid(
+                "kafka.commit_metadata_max_bytes",
+                format!(
+                    "{} is neither 0 (no lists of done offsets) nor in 64..=1048576 (at most \
+                     the brokers' offset.metadata.max.bytes, 4096 by default)",
+                    kafka.commit_metadata_max_bytes
+                ),
+            ));
+        }
         bounded_ms(
             "kafka.statistics_interval_ms",
             kafka.statistics_interval_ms,

@@ -46,6 +46,9 @@ pub const OFFSET_RESET_SKIPPED_RECORDS_TOTAL: &str = "history_offset_reset_skipp
 /// Times a partition's log moved back within one assignment (a topic created again, a log
 /// truncated): the records from there on were processed as new, and its position went back.
 pub const OFFSET_REWINDS_TOTAL: &str = "history_offset_rewinds_total";
+/// Records not written because the partition's previous owner listed them as done in the
+/// metadata of the position it committed: rework a handover, a restart or a crash did not cost.
+pub const RECORDS_SKIPPED_AS_DONE_TOTAL: &str = "history_records_skipped_as_done_total";
 /// 1 while an event the database keeps rejecting holds its partition's position; labels name
 /// topic, partition, offset, event_id and the server's SQLSTATE. 0 once it resolved.
 pub const STUCK_EVENT: &str = "history_stuck_event";
@@ -177,6 +180,10 @@ pub fn register_families() {
     describe_counter!(
         OFFSET_REWINDS_TOTAL,
         "Times the partition's log moved back within one assignment (re-created, truncated)."
+    );
+    describe_counter!(
+        RECORDS_SKIPPED_AS_DONE_TOTAL,
+        "Records skipped because the previous owner's commit listed them as done."
     );
     describe_gauge!(
         STUCK_EVENT,
@@ -467,6 +474,12 @@ pub fn init_offset_resets(tp: &TopicPartition) {
     metrics::counter!(OFFSET_RESETS_TOTAL, &labels).increment(0);
     metrics::counter!(OFFSET_RESET_SKIPPED_RECORDS_TOTAL, &labels).increment(0);
     metrics::counter!(OFFSET_REWINDS_TOTAL, &labels).increment(0);
+    metrics::counter!(RECORDS_SKIPPED_AS_DONE_TOTAL, &labels).increment(0);
+}
+
+/// Records of a partition skipped: its previous owner listed them as done.
+pub fn records_skipped_as_done(tp: &TopicPartition, records: u64) {
+    metrics::counter!(RECORDS_SKIPPED_AS_DONE_TOTAL, &partition_labels(tp)).increment(records);
 }
 
 /// A partition's log moved back within its assignment.

@@ -17,6 +17,7 @@
 //! and nothing written is left behind the position it commits.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -27,11 +28,21 @@ use tracing::{debug, error, info, warn};
 use super::dispatcher::Dispatcher;
 use super::messages::{
     Admit, AdmitReply, AttachKafka, CommitOffsets, CommitPosition, CommitReason, CommitResult,
-    Drain, DrainReport, Epoch, InspectWindows, Lost, Parked, Resolved, Revoke, StaleOutcomes,
-    TopicPartition, WindowSnapshot, WindowState, WindowUpdate, Withdrawn, WriteJob,
+    Drain, DrainReport, Epoch, Inherit, InspectWindows, Lost, Parked, Resolved, Revoke,
+    StaleOutcomes, TopicPartition, WindowSnapshot, WindowState, WindowUpdate, Withdrawn, WriteJob,
 };
 use crate::metrics;
-use crate::offsets::{Generation, OffsetWindow, Rewind, TrackResult, UntrackedOffset};
+use crate::offsets::{
+    DoneOffsets, Generation, OffsetWindow, Rewind, Run, TrackResult, UntrackedOffset,
+};
+
+/// What the partition's previous owner listed as done above the position it committed
+/// ([`crate::offsets::done`]).
+struct Inherited {
+    /// The committed position the list belongs to.
+    position: i64,
+    done: DoneOffsets,
+}
 
 struct PartitionWindow {
     epoch: Epoch,
@@ -42,19 +53,69 @@ struct PartitionWindow {
     /// Unresolved offsets a revoke or a drain does not wait for: an event the database rejects
     /// (retried alone by its writer), a job a revoke took back and left to the next owner.
     set_aside: BTreeSet<i64>,
+    /// The previous owner's list of done offsets, while it holds: until the log moves back, or
+    /// if the first record comes from below its position (the group's position was moved).
+    inherited: Option<Inherited>,
     partition: Recipient<WindowUpdate>,
 }
 
 impl PartitionWindow {
-    fn new(epoch: Epoch, partition: Recipient<WindowUpdate>) -> Self {
+    fn new(epoch: Epoch, partition: Recipient<WindowUpdate>, inherited: Option<Inherited>) -> Self {
         PartitionWindow {
             epoch,
             window: OffsetWindow::new(),
             version: 0,
             confirmed: None,
             set_aside: BTreeSet::new(),
+            inherited,
             partition,
         }
+    }
+
+    /// Whether the record at `offset`, tracked under `generation`, was done by the previous
+    /// owner: listed in its commit, and the log has not moved back since.
+    fn inherited_done(&mut self, tp: &TopicPartition, offset: i64, generation: Generation) -> bool {
+        let Some(inherited) = &self.inherited else {
+            return false;
+        };
+        if generation != 0 {
+            self.inherited = None;
+            return false;
+        }
+        if offset < inherited.position {
+            info!(
+                %tp,
+                offset,
+                committed = inherited.position,
+                "the partition is read from below the position the previous owner committed; \
+                 its list of done offsets is not used"
+            );
+            self.inherited = None;
+            return false;
+        }
+        inherited.done.contains(offset)
+    }
+
+    /// The offsets above the position that are done: what this owner resolved, and what the
+    /// previous owner listed beyond what this one has read.
+    fn done(&self) -> Arc<DoneOffsets> {
+        let highest = self.window.highest();
+        let inherited = self
+            .inherited
+            .as_ref()
+            .filter(|_| self.window.generation() == 0)
+            .map(|inherited| match highest {
+                Some(highest) => inherited.done.above(highest),
+                None => inherited.done.clone(),
+            })
+            .unwrap_or_default();
+        if self.window.unresolved() == 0 && inherited.is_empty() {
+            return Arc::default();
+        }
+        let runs: Vec<Run> = self.window.resolved_runs().collect();
+        Arc::new(DoneOffsets::from_runs(
+            runs.into_iter().chain(inherited.runs().iter().copied()),
+        ))
     }
 
     fn state(&self) -> WindowState {
@@ -72,6 +133,7 @@ impl PartitionWindow {
             epoch: self.epoch,
             generation: self.window.generation(),
             offset,
+            done: self.done(),
         })
     }
 
@@ -82,6 +144,7 @@ impl PartitionWindow {
             epoch: self.epoch,
             generation: self.window.generation(),
             offset: self.window.position()?,
+            done: self.done(),
         })
     }
 
@@ -111,6 +174,7 @@ impl PartitionWindow {
     /// earlier generation counts as confirmed any more.
     fn rewound(&mut self, tp: &TopicPartition, rewind: Rewind) {
         self.set_aside.retain(|&offset| offset < rewind.to);
+        self.inherited = None;
         self.confirmed = None;
         metrics::offset_rewind(tp);
         error!(
@@ -159,6 +223,8 @@ pub struct OffsetCommitter {
     commit_interval: Duration,
     /// Set by Drain: no new records are admitted once shutdown has begun.
     draining: bool,
+    /// Lists of done offsets of assignments whose first records have not come yet.
+    inherited: HashMap<TopicPartition, (Epoch, Inherited)>,
     waiters: Vec<Waiter>,
     next_waiter: u64,
     /// Revokes gathering their partitions' unstarted jobs, by id.
@@ -194,6 +260,7 @@ impl OffsetCommitter {
             kafka: None,
             commit_interval,
             draining: false,
+            inherited: HashMap::new(),
             waiters: Vec::new(),
             next_waiter: 0,
             withdrawals: HashMap::new(),
@@ -213,6 +280,13 @@ impl OffsetCommitter {
     fn mark_closed(&mut self, tp: &TopicPartition, epoch: Epoch) {
         let closed = self.closed.entry(tp.clone()).or_insert(epoch);
         *closed = (*closed).max(epoch);
+        if self
+            .inherited
+            .get(tp)
+            .is_some_and(|(inherited, _)| *inherited <= epoch)
+        {
+            self.inherited.remove(tp);
+        }
     }
 
     /// Removes the window of an ended assignment, if it is still the current one.
@@ -357,25 +431,49 @@ impl OffsetCommitter {
         if self.draining || self.is_closed(&msg.tp, msg.epoch) {
             return Err(());
         }
-        let window = self
+        let newer = self
             .windows
-            .entry(msg.tp.clone())
-            .or_insert_with(|| PartitionWindow::new(msg.epoch, msg.partition.clone()));
+            .get(&msg.tp)
+            .is_none_or(|window| window.epoch < msg.epoch);
+        if newer {
+            // The first records of this assignment. (A window of an older one was never
+            // revoked here — its revoke is still on its way: its work is void.)
+            let inherited = match self.inherited.remove(&msg.tp) {
+                Some((epoch, inherited)) if epoch == msg.epoch => Some(inherited),
+                Some((epoch, inherited)) if epoch > msg.epoch => {
+                    self.inherited.insert(msg.tp.clone(), (epoch, inherited));
+                    None
+                }
+                _ => None,
+            };
+            self.windows.insert(
+                msg.tp.clone(),
+                PartitionWindow::new(msg.epoch, msg.partition.clone(), inherited),
+            );
+        }
+        let window = self.windows.get_mut(&msg.tp).expect("inserted above");
         if window.epoch > msg.epoch {
             return Err(());
         }
-        if window.epoch < msg.epoch {
-            // A newer assignment whose predecessor was never revoked here (its revoke is still
-            // on its way): the old window's work is void.
-            *window = PartitionWindow::new(msg.epoch, msg.partition.clone());
-        }
         let mut jobs = msg.jobs;
-        for job in &mut jobs {
+        let mut skipped = 0u64;
+        jobs.retain_mut(|job| {
             let tracked = window.window.track(job.offset);
             job.generation = tracked.generation();
             if let TrackResult::Rewound(rewind) = tracked {
                 window.rewound(&msg.tp, rewind);
             }
+            if !window.inherited_done(&msg.tp, job.offset, job.generation) {
+                return true;
+            }
+            // Written by the previous owner: resolved here without writing it again.
+            let resolved = window.window.resolve(job.offset, job.generation);
+            debug_assert!(resolved.is_ok(), "an offset just tracked resolves");
+            skipped += 1;
+            false
+        });
+        if skipped > 0 {
+            metrics::records_skipped_as_done(&msg.tp, skipped);
         }
         if let Some(offset) = msg.passed_over {
             if window.window.pass_over(offset) {
@@ -537,6 +635,23 @@ impl Handler<Resolved> for OffsetCommitter {
             self.commit_caught_up(ctx);
         }
         self.wake_waiters();
+    }
+}
+
+impl Handler<Inherit> for OffsetCommitter {
+    type Result = ();
+
+    fn handle(&mut self, Inherit(lists): Inherit, _: &mut Context<Self>) {
+        for list in lists {
+            if self.is_closed(&list.tp, list.epoch) {
+                continue;
+            }
+            let inherited = Inherited {
+                position: list.position,
+                done: list.done,
+            };
+            self.inherited.insert(list.tp, (list.epoch, inherited));
+        }
     }
 }
 

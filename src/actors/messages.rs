@@ -22,7 +22,7 @@ pub use crate::domain::values::{
     CommitOutcome, CommitPosition, CommitReason, DeadLetter, DecodedEvent, Epoch, Generation,
     Record, RecordBytes, TopicPartition,
 };
-pub use crate::kafka::messages::{CommitResult, Lost, Revoke};
+pub use crate::kafka::messages::{CommitResult, Inherit, InheritedDone, Lost, Revoke};
 
 /// A partition's fetched records, in offset order, each with its share of the budget. Kafka
 /// side → PartitionActor.

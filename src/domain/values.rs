@@ -68,6 +68,9 @@ pub struct CommitPosition {
     /// log moved back), one of an earlier one is never sent after it.
     pub generation: Generation,
     pub offset: i64,
+    /// Offsets above `offset` already resolved: the commit's metadata lists them, so the next
+    /// owner skips them ([`crate::offsets::done`]).
+    pub done: std::sync::Arc<crate::offsets::DoneOffsets>,
 }
 
 /// What became of positions handed to the Kafka side for committing.

@@ -105,6 +105,7 @@ mod tests {
         let assignments = Assignments::default();
         let assigned = assignments.assign([tp(0)]);
         let position = CommitPosition {
+            done: Default::default(),
             tp: tp(0),
             epoch: assigned[0].1,
             generation: 0,
@@ -132,6 +133,7 @@ mod tests {
         let assignments = Arc::new(Assignments::default());
         let assigned = assignments.assign([tp(0)]);
         let position = CommitPosition {
+            done: Default::default(),
             tp: tp(0),
             epoch: assigned[0].1,
             generation: 0,

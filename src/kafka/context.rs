@@ -35,20 +35,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::Recipient;
+use rdkafka::TopicPartitionList;
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::statistics::Statistics;
-use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, error, info, warn};
 
 use super::assignments::Assignments;
 use super::bounded_commit::{Verdict, queue_commit};
 use super::client_health::{ClientHealth, FetchPosition};
 use super::commit_turn::{CommitTurn, Outstanding};
+use super::done_lists::{DoneLists, commit_list, metadata_too_large};
 use super::error_log::{ClientErrorLog, error_name};
 use super::fetch_sizing::SizingWatch;
-use super::messages::{Lost, Revoke};
+use super::messages::{Inherit, Lost, Revoke};
 use super::topic_watch::TopicWatchSettings;
 use crate::config::GroupProtocol;
 use crate::domain::{CommitOutcome, CommitPosition, CommitReason, Epoch, TopicPartition};
@@ -122,6 +123,9 @@ pub struct SupervisorContext {
     health: Arc<ClientHealth>,
     /// The watch that the fetch requests' sizing still holds.
     sizing: Option<SizingWatch>,
+    /// Where the lists of done offsets read at an assignment go, and how long the ones written
+    /// into commits may be; without it, commits carry none and none are read.
+    done_lists: Option<DoneLists>,
 }
 
 impl SupervisorContext {
@@ -147,7 +151,20 @@ impl SupervisorContext {
             topic_watch: None,
             health: Arc::default(),
             sizing: None,
+            done_lists: None,
         }
+    }
+
+    /// Writes into each commit's metadata the offsets above its position that are done, in at
+    /// most `max_bytes` bytes, and reads them back for the partitions assigned, for `committer`
+    /// ([`super::done_lists`]).
+    pub fn with_done_lists(mut self, committer: Recipient<Inherit>, max_bytes: usize) -> Self {
+        self.done_lists = Some(DoneLists::new(committer, max_bytes));
+        self
+    }
+
+    fn metadata_max_bytes(&self) -> usize {
+        self.done_lists.as_ref().map_or(0, DoneLists::max_bytes)
     }
 
     /// Reports the client's troubles (every broker down, batches it cannot decompress) to
@@ -275,7 +292,7 @@ impl SupervisorContext {
         let (plan, queued) = self.assignments.plan_and_send(positions, reason, |send| {
             // Taken under the ledger's lock: the order of these is the order commits leave in.
             queued_at = Some(chrono::Utc::now());
-            queue_commit(consumer, &commit_list(send))
+            queue_commit(consumer, &commit_list(send, self.metadata_max_bytes()))
         });
         for position in &plan.not_ours {
             debug!(tp = %position.tp, epoch = position.epoch, "not committed: assignment over");
@@ -495,6 +512,10 @@ impl SupervisorContext {
 
     fn assign(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
         let partitions = self.assignments.assign(partitions_of(tpl));
+        if let Some(done_lists) = &self.done_lists {
+            // Before the event: the committer has the lists before any record comes.
+            done_lists.read(consumer, &partitions, self.commit_timeout());
+        }
         self.stats.rebalance("assign");
         info!(
             partitions = ?names(&partitions),
@@ -577,19 +598,6 @@ fn epochs(partitions: &[(TopicPartition, Epoch)]) -> Vec<Epoch> {
 }
 
 /// Builds the list to commit: each partition at its position.
-pub fn commit_list(positions: &[CommitPosition]) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::with_capacity(positions.len());
-    for position in positions {
-        // Only fails for an invalid offset value, which a position never is.
-        let _ = tpl.add_partition_offset(
-            &position.tp.topic,
-            position.tp.partition,
-            Offset::Offset(position.offset),
-        );
-    }
-    tpl
-}
-
 /// Why the broker (or the client) refused a commit, as far as retrying goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -695,6 +703,11 @@ impl SupervisorContext {
                 Err(err)
             }
             Err(err) => {
+                if metadata_too_large(&err) {
+                    if let Some(done_lists) = &self.done_lists {
+                        done_lists.refused_as_too_large();
+                    }
+                }
                 warn!(error = %err, reason, positions = ?positions, "offset commit failed");
                 stats.commit(reason, "error");
                 Err(err)

@@ -42,3 +42,19 @@ pub struct Revoke {
 pub struct Lost {
     pub partitions: Vec<(TopicPartition, Epoch)>,
 }
+
+/// Kafka side → OffsetCommitter, when partitions are assigned, before any of their records:
+/// what each one's previous owner listed as done above the position it committed
+/// ([`crate::offsets::done`]). Records listed are resolved without being written.
+#[derive(Debug, Message)]
+#[rtype(result = "()")]
+pub struct Inherit(pub Vec<InheritedDone>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InheritedDone {
+    pub tp: TopicPartition,
+    pub epoch: Epoch,
+    /// The committed position the list belongs to.
+    pub position: i64,
+    pub done: crate::offsets::DoneOffsets,
+}

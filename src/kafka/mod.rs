@@ -10,6 +10,7 @@ pub mod commit_turn;
 pub mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;
+pub mod done_lists;
 pub mod error_log;
 pub mod features;
 pub mod fetch_sizing;

@@ -37,7 +37,8 @@ pub struct Run {
 }
 
 impl Run {
-    pub fn len(&self) -> u64 {
+    /// Offsets in the run (never 0: both ends are in it).
+    pub fn offsets(&self) -> u64 {
         (self.last - self.first) as u64 + 1
     }
 }
@@ -73,7 +74,10 @@ pub struct Encoded {
 impl DoneOffsets {
     /// The list of `runs`, in any order, overlapping or not.
     pub fn from_runs(runs: impl IntoIterator<Item = Run>) -> Self {
-        let mut runs: Vec<Run> = runs.into_iter().filter(|run| run.first <= run.last).collect();
+        let mut runs: Vec<Run> = runs
+            .into_iter()
+            .filter(|run| run.first <= run.last)
+            .collect();
         runs.sort_unstable();
         let mut merged: Vec<Run> = Vec::with_capacity(runs.len());
         for run in runs {
@@ -97,14 +101,12 @@ impl DoneOffsets {
 
     /// Offsets listed.
     pub fn count(&self) -> u64 {
-        self.runs.iter().map(Run::len).sum()
+        self.runs.iter().map(Run::offsets).sum()
     }
 
     pub fn contains(&self, offset: i64) -> bool {
         let index = self.runs.partition_point(|run| run.last < offset);
-        self.runs
-            .get(index)
-            .is_some_and(|run| run.first <= offset)
+        self.runs.get(index).is_some_and(|run| run.first <= offset)
     }
 
     /// The part of the list above `offset`.
@@ -121,7 +123,7 @@ impl DoneOffsets {
     /// `max_bytes` bytes: the lowest runs that fit.
     pub fn encode(&self, position: i64, max_bytes: usize) -> Encoded {
         let runs = self.above(position).runs;
-        let total: u64 = runs.iter().map(Run::len).sum();
+        let total: u64 = runs.iter().map(Run::offsets).sum();
         let empty = Encoded {
             text: String::new(),
             listed: 0,
@@ -139,13 +141,13 @@ impl DoneOffsets {
         for run in &runs {
             let before = payload.len();
             write_varint(&mut payload, (run.first - end - 1) as u64);
-            write_varint(&mut payload, run.len() - 1);
+            write_varint(&mut payload, run.offsets() - 1);
             if text_len(payload.len() + CHECKSUM_BYTES) > max_bytes {
                 payload.truncate(before);
                 break;
             }
             kept += 1;
-            listed += run.len();
+            listed += run.offsets();
             end = run.last + 1;
         }
         if kept == 0 {

@@ -236,6 +236,7 @@ mod tests {
 
     fn at(partition: i32, epoch: Epoch, offset: i64) -> CommitPosition {
         CommitPosition {
+            done: Default::default(),
             tp: tp(partition),
             epoch,
             generation: 0,

@@ -26,6 +26,8 @@ use std::collections::VecDeque;
 
 pub use crate::domain::Generation;
 
+use super::done::Run;
+
 /// What [`OffsetWindow::track`] did with an offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TrackResult {
@@ -282,6 +284,26 @@ impl OffsetWindow {
         })
     }
 
+    /// The highest offset tracked (or passed over).
+    pub fn highest(&self) -> Option<i64> {
+        self.highest
+    }
+
+    /// The resolved offsets waiting behind an unresolved one, as runs of records delivered one
+    /// after the other: an offset between two of them was never handed over (compacted away, a
+    /// transaction marker), so a run may cover it.
+    pub fn resolved_runs(&self) -> impl Iterator<Item = Run> + '_ {
+        let mut entries = self.entries.iter().peekable();
+        std::iter::from_fn(move || {
+            let first = entries.find(|entry| entry.resolved)?.offset;
+            let mut last = first;
+            while let Some(entry) = entries.next_if(|entry| entry.resolved) {
+                last = entry.offset;
+            }
+            Some(Run { first, last })
+        })
+    }
+
     fn search(&self, offset: i64) -> Result<usize, usize> {
         self.entries
             .binary_search_by_key(&offset, |entry| entry.offset)
@@ -357,6 +379,27 @@ mod tests {
         // A record below a pass-over is a log that moved back.
         assert!(window.pass_over(20));
         assert!(matches!(window.track(15), TrackResult::Rewound(_)));
+    }
+
+    #[test]
+    fn resolved_offsets_behind_an_unresolved_one_form_runs_over_the_gaps_between_them() {
+        let mut window = OffsetWindow::new();
+        tracked(&mut window, [10, 11, 13, 14, 15, 17, 20]);
+        for offset in [11, 13, 15, 17] {
+            window.resolve(offset, 0).unwrap();
+        }
+        let runs = |window: &OffsetWindow| {
+            window
+                .resolved_runs()
+                .map(|run| (run.first, run.last))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(runs(&window), [(11, 13), (15, 17)]);
+        assert!(window.pass_over(25));
+        assert_eq!(runs(&window), [(11, 13), (15, 17), (24, 24)]);
+        window.resolve(10, 0).unwrap();
+        assert_eq!(window.position(), Some(14));
+        assert_eq!(runs(&window), [(15, 17), (24, 24)]);
     }
 
     #[test]

@@ -113,6 +113,7 @@ async fn assigned(consumer: &GuardedConsumer, tp: &TopicPartition) -> Epoch {
 
 fn at(tp: &TopicPartition, epoch: Epoch, offset: i64) -> CommitPosition {
     CommitPosition {
+        done: Default::default(),
         tp: tp.clone(),
         epoch,
         generation: 0,
