@@ -60,6 +60,43 @@ impl GroupInspector {
             .collect())
     }
 
+    /// The committed position of each partition with the metadata committed with it; `None`
+    /// where the group committed nothing.
+    pub fn committed_with_metadata(
+        &self,
+        topic: &str,
+        partitions: i32,
+        timeout: Duration,
+    ) -> Result<Vec<Option<(i64, String)>>, KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for partition in 0..partitions {
+            tpl.add_partition(topic, partition);
+        }
+        let committed = self.consumer.committed_offsets(tpl, timeout)?;
+        Ok((0..partitions)
+            .map(|partition| {
+                let element = committed.find_partition(topic, partition)?;
+                match element.offset() {
+                    Offset::Offset(offset) => Some((offset, element.metadata().to_owned())),
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
+    /// Commits `positions` (partition, offset, metadata) for the group from outside it, as an
+    /// operator's tool would while no member runs.
+    pub fn commit(&self, topic: &str, positions: &[(i32, i64, String)]) -> Result<(), KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for (partition, offset, metadata) in positions {
+            let mut element = tpl.add_partition(topic, *partition);
+            element.set_offset(Offset::Offset(*offset))?;
+            element.set_metadata(metadata);
+        }
+        self.consumer
+            .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+    }
+
     /// The first and the end offset of a partition.
     pub fn watermarks(
         &self,

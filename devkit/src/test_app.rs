@@ -405,6 +405,36 @@ impl TestApp {
         .unwrap()
     }
 
+    /// The group's committed offset of each partition with its metadata, read by a separate
+    /// client.
+    pub async fn committed_with_metadata(&self) -> Vec<Option<(i64, String)>> {
+        let (inspector, topic, partitions) =
+            (self.inspector.clone(), self.topic.clone(), self.partitions);
+        tokio::task::spawn_blocking(move || {
+            inspector
+                .committed_with_metadata(&topic, partitions, Duration::from_secs(5))
+                .expect("the committed offsets are read")
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Commits `positions` (partition, offset, metadata) for the group from outside it, while
+    /// no member runs (bounded: a commit that gets no answer fails the test).
+    pub async fn commit_from_outside(&self, positions: &[(i32, i64, String)]) {
+        let (inspector, topic, positions) = (
+            self.inspector.clone(),
+            self.topic.clone(),
+            positions.to_vec(),
+        );
+        let commit = tokio::task::spawn_blocking(move || inspector.commit(&topic, &positions));
+        tokio::time::timeout(Duration::from_secs(30), commit)
+            .await
+            .expect("the broker answers the commit")
+            .unwrap()
+            .expect("the commit is accepted");
+    }
+
     /// Waits until the group has committed the end of every partition of the topic (read by
     /// a separate client, as an operator would); returns the committed offsets.
     pub async fn wait_committed(&self, timeout: Duration) -> Vec<Option<i64>> {

@@ -50,6 +50,10 @@ struct PartitionWindow {
     version: u64,
     /// The position the broker last confirmed for this assignment.
     confirmed: Option<i64>,
+    /// How many offsets above the confirmed position its commit listed as done: a commit of the
+    /// same position listing more is sent again (a position held back by one record still
+    /// tells the next owner what was done behind it).
+    confirmed_listed: u64,
     /// Unresolved offsets a revoke or a drain does not wait for: an event the database rejects
     /// (retried alone by its writer), a job a revoke took back and left to the next owner.
     set_aside: BTreeSet<i64>,
@@ -66,22 +70,19 @@ impl PartitionWindow {
             window: OffsetWindow::new(),
             version: 0,
             confirmed: None,
+            confirmed_listed: 0,
             set_aside: BTreeSet::new(),
             inherited,
             partition,
         }
     }
 
-    /// Whether the record at `offset`, tracked under `generation`, was done by the previous
-    /// owner: listed in its commit, and the log has not moved back since.
-    fn inherited_done(&mut self, tp: &TopicPartition, offset: i64, generation: Generation) -> bool {
+    /// Whether the record at `offset` was done by the previous owner: listed in its commit, and
+    /// the log has not moved back since (a move back drops the list: [`Self::rewound`]).
+    fn inherited_done(&mut self, tp: &TopicPartition, offset: i64) -> bool {
         let Some(inherited) = &self.inherited else {
             return false;
         };
-        if generation != 0 {
-            self.inherited = None;
-            return false;
-        }
         if offset < inherited.position {
             info!(
                 %tp,
@@ -103,7 +104,6 @@ impl PartitionWindow {
         let inherited = self
             .inherited
             .as_ref()
-            .filter(|_| self.window.generation() == 0)
             .map(|inherited| match highest {
                 Some(highest) => inherited.done.above(highest),
                 None => inherited.done.clone(),
@@ -125,26 +125,37 @@ impl PartitionWindow {
         }
     }
 
-    /// The position to commit, if it is ahead of the confirmed one (of this generation).
+    /// The position to commit, if it is ahead of the confirmed one (of this generation), or
+    /// the same one listing more offsets as done.
     fn unconfirmed(&self, tp: &TopicPartition) -> Option<CommitPosition> {
-        let offset = self.window.position()?;
-        (self.confirmed.is_none_or(|confirmed| offset > confirmed)).then(|| CommitPosition {
-            tp: tp.clone(),
-            epoch: self.epoch,
-            generation: self.window.generation(),
-            offset,
-            done: self.done(),
-        })
+        let position = self.held(tp)?;
+        let ahead = match self.confirmed {
+            None => true,
+            Some(confirmed) if position.offset > confirmed => true,
+            Some(confirmed) => {
+                position.offset == confirmed
+                    && position.done.count_above(confirmed) > self.confirmed_listed
+            }
+        };
+        ahead.then_some(position)
     }
 
-    /// The position this assignment holds, confirmed or not.
+    /// The position this assignment holds, confirmed or not. Before any record resolved in
+    /// order it is the first record's offset — what the group had committed, or the log's
+    /// start — if there is a list of done offsets to carry with it.
     fn held(&self, tp: &TopicPartition) -> Option<CommitPosition> {
+        let done = self.done();
+        let offset = match self.window.position() {
+            Some(offset) => offset,
+            None if !done.is_empty() => self.window.first_unresolved()?,
+            None => return None,
+        };
         Some(CommitPosition {
             tp: tp.clone(),
             epoch: self.epoch,
             generation: self.window.generation(),
-            offset: self.window.position()?,
-            done: self.done(),
+            offset,
+            done,
         })
     }
 
@@ -176,6 +187,7 @@ impl PartitionWindow {
         self.set_aside.retain(|&offset| offset < rewind.to);
         self.inherited = None;
         self.confirmed = None;
+        self.confirmed_listed = 0;
         metrics::offset_rewind(tp);
         error!(
             %tp,
@@ -463,7 +475,7 @@ impl OffsetCommitter {
             if let TrackResult::Rewound(rewind) = tracked {
                 window.rewound(&msg.tp, rewind);
             }
-            if !window.inherited_done(&msg.tp, job.offset, job.generation) {
+            if !window.inherited_done(&msg.tp, job.offset) {
                 return true;
             }
             // Written by the previous owner: resolved here without writing it again.
@@ -694,11 +706,17 @@ impl Handler<CommitResult> for OffsetCommitter {
                 if window.epoch == position.epoch
                     && window.window.generation() == position.generation
                 {
-                    window.confirmed = Some(
-                        window
-                            .confirmed
-                            .map_or(position.offset, |c| c.max(position.offset)),
-                    );
+                    let listed = position.done.count_above(position.offset);
+                    match window.confirmed {
+                        Some(confirmed) if confirmed > position.offset => {}
+                        Some(confirmed) if confirmed == position.offset => {
+                            window.confirmed_listed = window.confirmed_listed.max(listed);
+                        }
+                        _ => {
+                            window.confirmed = Some(position.offset);
+                            window.confirmed_listed = listed;
+                        }
+                    }
                 }
             }
         }

@@ -66,7 +66,8 @@ fn run(
     jobs: Receiver<CommitJob>,
 ) {
     while let Ok(first) = jobs.recv() {
-        // Whatever queued up meanwhile is merged: only the newest position per partition counts.
+        // Whatever queued up meanwhile is merged: only the newest position per partition counts
+        // (of two at one offset, the later: its list of done offsets is the longer).
         let mut batch = vec![first];
         batch.extend(jobs.try_iter());
         let reason = batch
@@ -77,8 +78,7 @@ fn run(
         let mut newest: HashMap<TopicPartition, CommitPosition> = HashMap::new();
         for position in batch.into_iter().flat_map(|job| job.positions) {
             match newest.get(&position.tp) {
-                Some(known) if (known.epoch, known.offset) >= (position.epoch, position.offset) => {
-                }
+                Some(known) if (known.epoch, known.offset) > (position.epoch, position.offset) => {}
                 _ => {
                     newest.insert(position.tp.clone(), position);
                 }

@@ -104,6 +104,15 @@ impl DoneOffsets {
         self.runs.iter().map(Run::offsets).sum()
     }
 
+    /// Offsets listed above `offset`.
+    pub fn count_above(&self, offset: i64) -> u64 {
+        let index = self.runs.partition_point(|run| run.last <= offset);
+        self.runs[index..]
+            .iter()
+            .map(|run| (run.last - run.first.max(offset.saturating_add(1))) as u64 + 1)
+            .sum()
+    }
+
     pub fn contains(&self, offset: i64) -> bool {
         let index = self.runs.partition_point(|run| run.last < offset);
         self.runs.get(index).is_some_and(|run| run.first <= offset)
@@ -345,5 +354,8 @@ mod tests {
         assert!(!done.contains(10) && !done.contains(13));
         assert_eq!(done.above(6), runs(&[(7, 9), (12, 12)]));
         assert_eq!(done.above(12), DoneOffsets::default());
+        assert_eq!(done.count_above(6), done.above(6).count());
+        assert_eq!(done.count_above(4), 6);
+        assert_eq!(done.count_above(12), 0);
     }
 }

@@ -51,6 +51,8 @@ struct Mark {
     epoch: Epoch,
     generation: Generation,
     offset: i64,
+    /// Offsets listed as done above `offset` by the commit that set it.
+    listed: u64,
 }
 
 impl Mark {
@@ -59,6 +61,7 @@ impl Mark {
             epoch: position.epoch,
             generation: position.generation,
             offset: position.offset,
+            listed: position.done.count_above(position.offset),
         }
     }
 
@@ -68,9 +71,13 @@ impl Mark {
         if self.epoch != position.epoch || position.generation > self.generation {
             Mark::of(position)
         } else if position.generation == self.generation {
-            Mark {
-                offset: self.offset.max(position.offset),
-                ..self
+            match position.offset.cmp(&self.offset) {
+                std::cmp::Ordering::Greater => Mark::of(position),
+                std::cmp::Ordering::Equal => Mark {
+                    listed: self.listed.max(Mark::of(position).listed),
+                    ..self
+                },
+                std::cmp::Ordering::Less => self,
             }
         } else {
             self
@@ -163,7 +170,9 @@ impl CommitLedger {
                 plan.not_ours.push(position.clone());
             } else if same(confirmed, position).is_some_and(|confirmed| {
                 confirmed.offset > position.offset
-                    || (confirmed.offset == position.offset && !resend_confirmed)
+                    || (confirmed.offset == position.offset
+                        && !resend_confirmed
+                        && position.done.count_above(position.offset) <= confirmed.listed)
             }) {
                 // Sending it would move the group's position backwards (a revoke or the final
                 // commit overtook this one), or repeat a commit.
@@ -282,6 +291,38 @@ mod tests {
         ledger.confirm(&[at(0, 1, 1200)]);
         let next = of_generation(1, at(0, 1, 41));
         assert_eq!(ledger.plan(std::slice::from_ref(&next)).send, vec![next]);
+    }
+
+    /// `position` listing `runs` as done above it.
+    fn listing(position: CommitPosition, runs: &[(i64, i64)]) -> CommitPosition {
+        use crate::offsets::{DoneOffsets, Run};
+        let done = DoneOffsets::from_runs(runs.iter().map(|&(first, last)| Run { first, last }));
+        CommitPosition {
+            done: std::sync::Arc::new(done),
+            ..position
+        }
+    }
+
+    #[test]
+    fn a_confirmed_position_is_sent_again_only_when_it_lists_more_as_done() {
+        let mut ledger = assigned();
+        let first = listing(at(0, 1, 100), &[(102, 110)]);
+        ledger.queued(std::slice::from_ref(&first));
+        ledger.confirm(std::slice::from_ref(&first));
+        let same = listing(at(0, 1, 100), &[(102, 110)]);
+        assert_eq!(ledger.plan(std::slice::from_ref(&same)).covered, vec![same]);
+        let more = listing(at(0, 1, 100), &[(102, 110), (120, 130)]);
+        assert_eq!(
+            ledger.plan(std::slice::from_ref(&more)).send,
+            vec![more.clone()]
+        );
+        ledger.queued(std::slice::from_ref(&more));
+        ledger.confirm(std::slice::from_ref(&more));
+        assert_eq!(
+            ledger.plan(std::slice::from_ref(&first)).covered,
+            vec![first],
+            "a shorter list than the one confirmed is not sent"
+        );
     }
 
     /// A ledger with partitions 0 and 1 assigned, at epochs 1 and 2.

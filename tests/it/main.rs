@@ -30,6 +30,7 @@ mod redelivery;
 mod repository;
 mod restored_database;
 mod revoke_stall;
+mod rework;
 mod set_aside;
 mod slow_broker;
 mod socket_activation;

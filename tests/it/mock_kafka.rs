@@ -11,8 +11,9 @@ use actix::prelude::*;
 use history_service::actors::Pipeline;
 use history_service::actors::inflow::Inflow;
 use history_service::actors::messages::{
-    CommitOffsets, CommitOutcome, CommitPosition, CommitResult, Drained, Epoch, InspectWindows,
-    Lost, Record, Records, Revoke, StaleOutcomes, StopPartition, TopicPartition, WindowSnapshot,
+    CommitOffsets, CommitOutcome, CommitPosition, CommitReason, CommitResult, Drained, Epoch,
+    InspectWindows, Lost, Record, Records, Revoke, StaleOutcomes, StopPartition, TopicPartition,
+    WindowSnapshot,
 };
 use history_service::actors::partition::PartitionActor;
 
@@ -21,6 +22,8 @@ use history_service::actors::partition::PartitionActor;
 pub struct MockLog {
     /// Commits the mock confirmed, in order (periodic and revoke).
     pub commits: Vec<CommitPosition>,
+    /// Why each of `commits` was asked for.
+    pub reasons: Vec<CommitReason>,
     /// Commits the mock refused.
     pub refused: Vec<CommitPosition>,
     /// What each revoke returned, in order.
@@ -37,6 +40,7 @@ impl MockLog {
     fn commit(
         &mut self,
         positions: Vec<CommitPosition>,
+        reason: CommitReason,
         assigned: &HashMap<TopicPartition, Assigned>,
     ) -> CommitOutcome {
         let mut outcome = CommitOutcome::default();
@@ -52,6 +56,7 @@ impl MockLog {
                 .is_some_and(|assigned| assigned.epoch == position.epoch);
             if current {
                 self.commits.push(position.clone());
+                self.reasons.push(reason);
                 outcome.confirmed.push(position);
             } else {
                 self.refused.push(position.clone());
@@ -158,7 +163,7 @@ impl Handler<RevokePartition> for MockKafka {
             {
                 let mut log = mock.log.lock().unwrap();
                 log.revoked.push(positions.clone());
-                log.commit(positions.clone(), &mock.partitions);
+                log.commit(positions.clone(), CommitReason::Revoke, &mock.partitions);
             }
             let assigned = mock.partitions.remove(&msg.0).expect("assigned");
             assigned.actor.do_send(StopPartition);
@@ -234,7 +239,7 @@ impl Handler<CommitOffsets> for MockKafka {
             .log
             .lock()
             .unwrap()
-            .commit(msg.positions, &self.partitions);
+            .commit(msg.positions, msg.reason, &self.partitions);
         self.pipeline.committer().do_send(CommitResult(outcome));
     }
 }
@@ -342,6 +347,18 @@ impl Harness {
             .filter(|c| &c.tp == tp)
             .map(|c| c.offset)
             .max()
+    }
+
+    /// Every position committed for a partition, with its list of done offsets and why it was
+    /// committed, in the order the commits were made.
+    pub fn positions_of(&self, tp: &TopicPartition) -> Vec<(CommitPosition, CommitReason)> {
+        let log = self.log.lock().unwrap();
+        log.commits
+            .iter()
+            .zip(&log.reasons)
+            .filter(|(c, _)| &c.tp == tp)
+            .map(|(c, reason)| (c.clone(), *reason))
+            .collect()
     }
 
     /// Every position committed for a partition, in the order the commits were made.

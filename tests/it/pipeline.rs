@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use history_devkit::workload::{event_payload, seed_records};
 use history_service::actors::Pipeline;
-use history_service::actors::messages::{Record, TopicPartition, WindowSnapshot};
+use history_service::actors::messages::{CommitReason, Record, TopicPartition, WindowSnapshot};
 use history_service::config::PipelineSettings;
 use history_service::metrics::Stats;
 
@@ -875,5 +875,132 @@ async fn drain_at_its_deadline_reports_what_is_left() {
     assert!(report.unresolved >= 1, "{report:?}");
     assert_eq!(report.unresolved + report.resolved_behind, 5, "{report:?}");
     blocker.batch_execute("ROLLBACK").await.unwrap();
+    harness.stop();
+}
+
+/// What the partition's previous owner listed as done above `position`, as the Kafka side hands
+/// it to the committer when the partition is assigned.
+fn inherit(harness: &Harness, tp: &TopicPartition, position: i64, runs: &[(i64, i64)]) {
+    use history_service::actors::messages::{Inherit, InheritedDone};
+    use history_service::offsets::{DoneOffsets, Run};
+    harness
+        .pipeline
+        .committer()
+        .do_send(Inherit(vec![InheritedDone {
+            tp: tp.clone(),
+            epoch: 1,
+            position,
+            done: DoneOffsets::from_runs(runs.iter().map(|&(first, last)| Run { first, last })),
+        }]));
+}
+
+/// The event ids written, in offset order of their records (`evt-{n}` or another id).
+async fn written_ids(db: &TestDb) -> Vec<String> {
+    db.client()
+        .await
+        .query("SELECT event_id FROM history_events ORDER BY event_id", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[actix_rt::test]
+async fn records_the_previous_owner_listed_as_done_are_skipped_and_the_rest_written() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|_| {}));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    inherit(&harness, &tp, 10, &[(12, 15), (18, 18)]);
+    harness.inject(&tp, events(10..20)).await;
+    harness.wait_last_committed(&tp, 20, WAIT).await;
+    let mut expected: Vec<String> = [10, 11, 16, 17, 19]
+        .iter()
+        .map(|n| format!("evt-{n}"))
+        .collect();
+    expected.sort();
+    assert_eq!(written_ids(&db).await, expected);
+    assert_eq!(harness.pipeline.stats().snapshot().applied, 5);
+    harness.stop();
+}
+
+#[actix_rt::test]
+async fn a_list_is_not_used_when_the_records_come_from_below_its_position() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|_| {}));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    // The group's position was moved back below the listed one (an operator's reset): the
+    // records from there on are read again, all of them.
+    inherit(&harness, &tp, 10, &[(11, 19)]);
+    harness.inject(&tp, events(5..20)).await;
+    harness.wait_last_committed(&tp, 20, WAIT).await;
+    assert_eq!(db.count("history_events").await, 15);
+    harness.stop();
+}
+
+#[actix_rt::test]
+async fn a_list_is_dropped_when_the_log_moves_back() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|_| {}));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    inherit(&harness, &tp, 10, &[(12, 19)]);
+    harness.inject(&tp, events(10..12)).await;
+    harness.wait_last_committed(&tp, 12, WAIT).await;
+    // The log moved back to 11 (truncated, re-created): 11..15 are new records, none of them
+    // the ones the previous owner wrote.
+    let again: Vec<Record> = (11..15)
+        .map(|n| other_record(n, &format!("moved-back-{n}")))
+        .collect();
+    harness.inject(&tp, again).await;
+    harness.wait_last_committed(&tp, 15, WAIT).await;
+    assert_eq!(db.count("history_events").await, 2 + 4);
+    harness.stop();
+}
+
+/// A position held back by one record is committed again as what is written behind it grows,
+/// each commit listing it: the next owner's list is never older than a commit interval.
+#[actix_rt::test]
+async fn a_held_position_is_committed_again_listing_what_resolved_behind_it() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|_| {}));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    let blocker = resolve_5_then_block_at_5(&db, &harness, &tp).await;
+    let listing = |harness: &Harness| {
+        harness
+            .positions_of(&tp)
+            .into_iter()
+            .find(|(position, _)| position.offset == 5 && !position.done.is_empty())
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    let listed = loop {
+        if let Some((position, reason)) = listing(&harness) {
+            // Not the re-assertion ten ticks on: the tick after the list grew.
+            assert_eq!(reason, CommitReason::Periodic);
+            break position.done;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no commit at 5 lists what resolved behind it: {:?}",
+            harness.positions_of(&tp)
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Everything listed is written; the held record is not listed.
+    let written = written_ids(&db).await;
+    assert!(!listed.contains(5));
+    for run in listed.runs() {
+        for offset in run.first..=run.last {
+            assert!(
+                written.contains(&format!("evt-{offset}")),
+                "{offset} listed, not written"
+            );
+        }
+    }
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    harness.wait_last_committed(&tp, 10, WAIT).await;
     harness.stop();
 }

@@ -1,0 +1,337 @@
+//! Rework bounded by the commit interval: each commit lists, in its metadata, the offsets above
+//! its position that are done, and the partition's next owner skips them. The real binary, the
+//! embedded broker, PostgreSQL; a record the database rejects keeps its partition's position at
+//! it while everything after it is written.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+use history_devkit::process::Signal;
+use history_devkit::test_app::TestApp;
+use history_devkit::workload::{self, Delivered, PlannedRecord, RecordKind, WorkloadSpec};
+use history_service::offsets::DoneOffsets;
+
+const ROWS_TIMEOUT: Duration = Duration::from_secs(120);
+const SKIPPED: &str = "history_records_skipped_as_done_total";
+const EVENTS: &str = "history_events_total";
+
+/// `records` unique events, no duplicates and no poison.
+fn unique_events(records: usize, prefix: &str, seed: u64) -> Vec<PlannedRecord> {
+    workload::generate(&WorkloadSpec {
+        records,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 1,
+        id_prefix: prefix.into(),
+        tickets: 997,
+        max_payload_bytes: 65536,
+        seed,
+    })
+}
+
+fn event_id(record: &PlannedRecord) -> &str {
+    match &record.kind {
+        RecordKind::Event { event_id } => event_id,
+        other => panic!("not a first delivery: {other:?}"),
+    }
+}
+
+/// Makes the database reject `record`'s event (a constraint it breaks): its writer sets it
+/// aside and retries it alone, and its partition's position stays at it while every record
+/// after it is written.
+async fn reject(app: &TestApp, record: &PlannedRecord) {
+    app.db
+        .client()
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE history_events ADD CONSTRAINT held CHECK (event_id <> '{}')",
+            event_id(record)
+        ))
+        .await
+        .unwrap();
+}
+
+/// The database takes the rejected event again.
+async fn accept_again(app: &TestApp) {
+    app.db
+        .client()
+        .await
+        .batch_execute("ALTER TABLE history_events DROP CONSTRAINT held")
+        .await
+        .unwrap();
+}
+
+/// The record first in its partition, of those produced.
+fn first_of(delivered: &[Delivered], partition: i32) -> &Delivered {
+    delivered
+        .iter()
+        .filter(|d| d.partition == partition)
+        .min_by_key(|d| d.offset)
+        .expect("the partition has records")
+}
+
+/// A counter the test needs, summed over its labels: it must be exported.
+fn counter(metrics: &history_devkit::probe::Metrics, name: &str, outcome: Option<&str>) -> f64 {
+    let samples: Vec<_> = metrics
+        .samples()
+        .iter()
+        .filter(|sample| sample.name == name)
+        .filter(|sample| outcome.is_none_or(|outcome| sample.label("outcome") == Some(outcome)))
+        .collect();
+    assert!(
+        !samples.is_empty(),
+        "{name} {outcome:?} is not exported:\n{}",
+        metrics.text()
+    );
+    samples.iter().map(|sample| sample.value).sum()
+}
+
+/// What the group's committed positions cover: offsets below the position, and those listed
+/// as done in its metadata.
+struct Covered(BTreeMap<i32, (i64, DoneOffsets)>);
+
+impl Covered {
+    async fn read(app: &TestApp) -> Covered {
+        let mut covered = BTreeMap::new();
+        for (partition, committed) in app.committed_with_metadata().await.into_iter().enumerate() {
+            if let Some((position, metadata)) = committed {
+                let listed = DoneOffsets::decode(position, metadata.as_bytes())
+                    .unwrap_or_else(|err| panic!("{metadata:?} is not ours: {err}"))
+                    .unwrap_or_default();
+                covered.insert(partition as i32, (position, listed));
+            }
+        }
+        Covered(covered)
+    }
+
+    fn below(&self, partition: i32, offset: i64) -> bool {
+        self.0
+            .get(&partition)
+            .is_some_and(|(position, _)| offset < *position)
+    }
+
+    fn listed(&self, partition: i32, offset: i64) -> bool {
+        self.0
+            .get(&partition)
+            .is_some_and(|(position, listed)| offset >= *position && listed.contains(offset))
+    }
+}
+
+/// The offsets whose events have a history row, by partition.
+async fn written(
+    app: &TestApp,
+    records: &[PlannedRecord],
+    delivered: &[Delivered],
+) -> HashSet<(i32, i64)> {
+    let rows: HashSet<String> = app
+        .db
+        .client()
+        .await
+        .query("SELECT event_id FROM history_events", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.get(0))
+        .collect();
+    delivered
+        .iter()
+        .filter(|d| rows.contains(event_id(&records[d.index])))
+        .map(|d| (d.partition, d.offset))
+        .collect()
+}
+
+/// The issue's stop: a record held in the database keeps the partition's position at it while
+/// everything after it is written; the stop's final commit lists all of that, and the next owner
+/// writes the held record alone.
+#[actix_rt::test]
+async fn a_stop_behind_a_held_record_lists_what_it_wrote_and_the_next_owner_skips_it() {
+    let mut first = TestApp::prepare(|o| {
+        o.env("HISTORY__PIPELINE__SHUTDOWN_TIMEOUT_MS", "500");
+    })
+    .await;
+    let total = 300;
+    let records = unique_events(total, "listed", 5);
+    reject(&first, &records[0]).await;
+    let delivered = first.produce(&records).await;
+    let held = *delivered.iter().find(|d| d.index == 0).unwrap();
+    first.start();
+    first.wait_rows(total as i64 - 1, ROWS_TIMEOUT).await;
+    let code = first.stop_with(Signal::SIGTERM);
+    let first_logs = first.logs();
+    assert_eq!(code, Some(3), "records are left behind:\n{first_logs}");
+
+    let covered = Covered::read(&first).await;
+    let (position, listed) = covered
+        .0
+        .get(&held.partition)
+        .expect("a position committed");
+    assert_eq!(*position, held.offset, "{first_logs}");
+    for d in delivered.iter().filter(|d| d.index != 0) {
+        assert!(
+            listed.contains(d.offset),
+            "{} not listed: {listed:?}",
+            d.offset
+        );
+    }
+    assert!(!listed.contains(held.offset));
+
+    accept_again(&first).await;
+    let mut second = TestApp::spawn(|o| {
+        o.share(&first);
+    })
+    .await;
+    second.wait_rows(total as i64, ROWS_TIMEOUT).await;
+    second.wait_committed(ROWS_TIMEOUT).await;
+    let metrics = second.metrics().await;
+    assert_eq!(counter(&metrics, SKIPPED, None), (total - 1) as f64);
+    assert_eq!(counter(&metrics, EVENTS, Some("applied")), 1.0);
+    assert_eq!(
+        counter(&metrics, EVENTS, Some("already_applied")),
+        0.0,
+        "the next owner wrote again what was listed:\n{}",
+        second.logs()
+    );
+    assert_eq!(second.stop(), Some(0));
+}
+
+/// A crash mid-drain: the next owner writes again exactly what its predecessor wrote after the
+/// last commit the broker has — no more, whatever holds the positions back — and that is what
+/// the last two commit intervals before the crash wrote at most.
+#[actix_rt::test]
+async fn a_crash_mid_drain_is_redone_only_past_the_last_commit_interval() {
+    let interval = Duration::from_millis(300);
+    let mut first = TestApp::prepare(|o| {
+        o.partitions = 3;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "5");
+        o.env(
+            "HISTORY__PIPELINE__COMMIT_INTERVAL_MS",
+            interval.as_millis().to_string(),
+        );
+    })
+    .await;
+    let total = 3_000;
+    let records = unique_events(total, "crash", 7);
+    let delivered = first.produce(&records).await;
+    // The first record of partition 0 is held: that partition's position stays at it.
+    let held = *first_of(&delivered, 0);
+    reject(&first, &records[held.index]).await;
+    first.db.slow_each_write(0.01).await;
+    first.start();
+
+    // Rows over time, to know what the last intervals before the crash wrote.
+    let mut rows_at: Vec<(Instant, i64)> = Vec::new();
+    let deadline = Instant::now() + ROWS_TIMEOUT;
+    loop {
+        let rows = first.db.count("history_events").await;
+        rows_at.push((Instant::now(), rows));
+        if rows >= total as i64 / 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{rows} rows:\n{}", first.logs());
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        first.stop_with(Signal::SIGKILL),
+        None,
+        "killed by the signal"
+    );
+    let killed_at = Instant::now();
+    let rows_at_kill = first.db.count("history_events").await;
+    let before_two_intervals = rows_at
+        .iter()
+        .rev()
+        .find(|(at, _)| killed_at.duration_since(*at) >= 2 * interval)
+        .map_or(0, |(_, rows)| *rows);
+
+    let covered = Covered::read(&first).await;
+    let written = written(&first, &records, &delivered).await;
+    assert_eq!(written.len() as i64, rows_at_kill);
+    let to_redo = written
+        .iter()
+        .filter(|&&(partition, offset)| {
+            !covered.below(partition, offset) && !covered.listed(partition, offset)
+        })
+        .count();
+    let to_skip = delivered
+        .iter()
+        .filter(|d| covered.listed(d.partition, d.offset))
+        .count();
+    assert!(
+        to_skip > 0,
+        "the held partition's commit lists what was written behind the held record"
+    );
+    assert!(
+        to_redo as i64 <= rows_at_kill - before_two_intervals,
+        "{to_redo} to redo, but the last two commit intervals wrote {}",
+        rows_at_kill - before_two_intervals
+    );
+
+    accept_again(&first).await;
+    let mut second = TestApp::spawn(|o| {
+        o.share(&first);
+    })
+    .await;
+    second.wait_rows(total as i64, ROWS_TIMEOUT).await;
+    second.wait_committed(ROWS_TIMEOUT).await;
+    let metrics = second.metrics().await;
+    let logs = second.logs();
+    assert_eq!(
+        counter(&metrics, EVENTS, Some("already_applied")),
+        to_redo as f64,
+        "re-done: what the crashed owner wrote past its last commit\n{logs}"
+    );
+    assert_eq!(counter(&metrics, SKIPPED, None), to_skip as f64, "{logs}");
+    assert_eq!(
+        counter(&metrics, EVENTS, Some("applied")),
+        (total - written.len()) as f64
+    );
+    assert_eq!(second.stop(), Some(0));
+    eprintln!(
+        "crash: {rows_at_kill} written, {to_skip} skipped as done, {to_redo} re-done (the last \
+         two {interval:?} intervals wrote {})",
+        rows_at_kill - before_two_intervals
+    );
+}
+
+/// Metadata this version cannot read — another tool's, or a list of ours that a tool moved to
+/// another position — is ignored with a WARN: every record above the position is processed.
+#[actix_rt::test]
+async fn metadata_of_another_tool_or_another_position_is_ignored_and_everything_processed() {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+    })
+    .await;
+    let records = unique_events(200, "foreign", 9);
+    let delivered = app.produce(&records).await;
+    let from = 10;
+    // Partition 0: another tool's metadata. Partition 1: a list of ours for position 3, which
+    // would list every offset up to 1,000 as done, committed at position 10.
+    let ours_elsewhere = DoneOffsets::from_runs([history_service::offsets::Run {
+        first: 4,
+        last: 1_000,
+    }])
+    .encode(3, 4096)
+    .text;
+    app.commit_from_outside(&[
+        (0, from, r#"{"consumer":"parallel","v":3}"#.to_owned()),
+        (1, from, ours_elsewhere),
+    ])
+    .await;
+    app.start();
+    let expected = delivered.iter().filter(|d| d.offset >= from).count() as i64;
+    app.wait_rows(expected, ROWS_TIMEOUT).await;
+    app.wait_committed(ROWS_TIMEOUT).await;
+    let metrics = app.metrics().await;
+    assert_eq!(counter(&metrics, SKIPPED, None), 0.0);
+    assert_eq!(app.db.count("history_events").await, expected);
+    let logs = app.logs();
+    let warned = logs
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("not a list of done offsets"))
+        .count();
+    assert_eq!(warned, 2, "{logs}");
+    assert!(
+        logs.contains("belongs to position 3, not to the committed 10"),
+        "{logs}"
+    );
+}
