@@ -210,12 +210,20 @@ enum Scope {
     Partitions(Vec<TopicPartition>),
 }
 
-/// A revoke gathering the unstarted jobs of its partitions from the writers.
+/// A revoke (or a drain at its deadline) gathering the unstarted jobs of its partitions from
+/// the writers.
 struct Withdrawal {
     /// Writers yet to answer.
     awaiting: usize,
     jobs: Vec<WriteJob>,
+    /// Every job is left undone (a drain past its deadline), not only those past the cut.
+    leave_all: bool,
 }
+
+/// How long a drain past its deadline still waits for the transactions under way, once no
+/// writer starts another: what one of them writes after the final commit is written again by
+/// the next owner.
+const DRAIN_UNDER_WAY_GRACE: Duration = Duration::from_secs(1);
 
 /// A revoke or drain waiting for its partitions' in-flight records to resolve.
 struct Waiter {
@@ -523,6 +531,36 @@ impl OffsetCommitter {
         positions
     }
 
+    /// Asks every writer for `partitions`' jobs it has not started ([`Withdrawn`] brings them).
+    fn withdraw(&mut self, partitions: &[(TopicPartition, Epoch)], leave_all: bool) {
+        if partitions.is_empty() {
+            return;
+        }
+        let id = self.next_withdrawal;
+        self.next_withdrawal += 1;
+        let awaiting = self.dispatcher.withdraw(id, partitions);
+        self.withdrawals.insert(
+            id,
+            Withdrawal {
+                awaiting,
+                jobs: Vec::new(),
+                leave_all,
+            },
+        );
+    }
+
+    /// A drain past its deadline: the jobs no writer started are left to the next owner, and
+    /// only the transactions under way are waited for (a little), so that nothing is written
+    /// after the final commit's positions are taken.
+    fn leave_unstarted(&mut self) {
+        let all: Vec<(TopicPartition, Epoch)> = self
+            .windows
+            .iter()
+            .map(|(tp, window)| (tp.clone(), window.epoch))
+            .collect();
+        self.withdraw(&all, true);
+    }
+
     /// Every writer handed back the revoked partitions' unstarted jobs: those below the cut are
     /// written after all (something after them was written, or is being written), the others
     /// are dropped and left to the next owner.
@@ -691,8 +729,16 @@ impl Handler<Withdrawn> for OffsetCommitter {
         if withdrawal.awaiting > 0 {
             return;
         }
-        let jobs = self.withdrawals.remove(&msg.id).expect("present").jobs;
-        self.settle_withdrawn(jobs);
+        let withdrawal = self.withdrawals.remove(&msg.id).expect("present");
+        if withdrawal.leave_all {
+            for job in withdrawal.jobs {
+                if let Some(window) = self.windows.get_mut(&job.tp) {
+                    window.set_aside(job.epoch, [(job.generation, job.offset)]);
+                }
+            }
+        } else {
+            self.settle_withdrawn(withdrawal.jobs);
+        }
         self.wake_waiters();
     }
 }
@@ -746,18 +792,7 @@ impl Handler<Revoke> for OffsetCommitter {
             .filter(|(tp, _)| current.contains(tp))
             .cloned()
             .collect();
-        if !revoked.is_empty() {
-            let id = self.next_withdrawal;
-            self.next_withdrawal += 1;
-            let awaiting = self.dispatcher.withdraw(id, &revoked);
-            self.withdrawals.insert(
-                id,
-                Withdrawal {
-                    awaiting,
-                    jobs: Vec::new(),
-                },
-            );
-        }
+        self.withdraw(&revoked, false);
         // Once shutdown drained, whatever is left stays unresolved: do not wait for it twice.
         let deadline = if self.draining {
             Duration::ZERO
@@ -849,17 +884,26 @@ impl Handler<Drain> for OffsetCommitter {
         );
         let settled = self.wait_until_settled(Scope::All, msg.deadline, ctx);
         Box::pin(
-            actix::fut::wrap_future::<_, Self>(settled).map(|_, committer, _| {
-                let report = committer.drain_report();
-                if report.unresolved > 0 {
-                    warn!(
-                        unresolved = report.unresolved,
-                        resolved_behind = report.resolved_behind,
-                        "shutdown deadline passed with records in flight"
-                    );
-                }
-                report
-            }),
+            actix::fut::wrap_future::<_, Self>(settled)
+                .then(|_, committer: &mut Self, ctx| {
+                    if committer.awaited(&Scope::All) > 0 {
+                        committer.leave_unstarted();
+                    }
+                    let under_way =
+                        committer.wait_until_settled(Scope::All, DRAIN_UNDER_WAY_GRACE, ctx);
+                    actix::fut::wrap_future::<_, Self>(under_way)
+                })
+                .map(|_, committer, _| {
+                    let report = committer.drain_report();
+                    if report.unresolved > 0 {
+                        warn!(
+                            unresolved = report.unresolved,
+                            resolved_behind = report.resolved_behind,
+                            "shutdown deadline passed with records in flight"
+                        );
+                    }
+                    report
+                }),
         )
     }
 }

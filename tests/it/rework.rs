@@ -335,3 +335,95 @@ async fn metadata_of_another_tool_or_another_position_is_ignored_and_everything_
         "{logs}"
     );
 }
+
+/// The `key=value` number of the last "history-service stopped" line of `logs`.
+fn stopped_field(logs: &str, key: &str) -> Option<u64> {
+    let line = logs
+        .lines()
+        .rev()
+        .find(|line| line.contains("history-service stopped"))?;
+    crate::common::logged_number(line, key)
+}
+
+/// Waits until `app`'s current run has partitions assigned.
+async fn wait_assigned(app: &TestApp, rows_left: impl AsyncFn() -> bool) {
+    let deadline = Instant::now() + ROWS_TIMEOUT;
+    while !app.logs().contains("partitions assigned") {
+        assert!(
+            rows_left().await,
+            "the backlog ran out before every member had partitions"
+        );
+        assert!(Instant::now() < deadline, "{}", app.logs());
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A rolling restart of three replicas under a backlog, one partition held back by a record the
+/// database rejects: each stop's final commit lists what was written behind it, each next owner
+/// skips it — nothing is written twice.
+#[actix_rt::test]
+async fn a_rolling_restart_of_three_replicas_redoes_nothing() {
+    let mut first = TestApp::prepare(|o| {
+        o.partitions = 6;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "10");
+    })
+    .await;
+    let total = 40_000;
+    let records = unique_events(total, "rolling", 13);
+    let delivered = first.produce(&records).await;
+    let held = *first_of(&delivered, 0);
+    reject(&first, &records[held.index]).await;
+    first.db.slow_each_write(0.05).await;
+    first.start();
+    let mut replicas = vec![first];
+    for _ in 0..2 {
+        let replica = TestApp::spawn(|o| {
+            o.share(&replicas[0]);
+        })
+        .await;
+        replicas.push(replica);
+    }
+    let db = replicas[0].db.clone();
+    let rows_left = async || db.count("history_events").await < total as i64 - 1;
+    for replica in &replicas {
+        wait_assigned(replica, &rows_left).await;
+    }
+
+    let mut runs = Vec::new();
+    let mut skipped = 0.0;
+    for replica in &mut replicas {
+        let now = db.count("history_events").await;
+        replica.wait_rows(now + 1_000, ROWS_TIMEOUT).await;
+        skipped += counter(&replica.metrics().await, SKIPPED, None);
+        let code = replica.stop();
+        let logs = replica.logs();
+        assert!(matches!(code, Some(0 | 3)), "{logs}");
+        runs.push(logs);
+        replica.start();
+        wait_assigned(replica, &rows_left).await;
+    }
+    assert!(
+        rows_left().await,
+        "the backlog ran out before the restarts were done"
+    );
+    accept_again(&replicas[0]).await;
+    replicas[0].wait_rows(total as i64, ROWS_TIMEOUT).await;
+    replicas[0].wait_committed(ROWS_TIMEOUT).await;
+    for replica in &mut replicas {
+        skipped += counter(&replica.metrics().await, SKIPPED, None);
+        assert_eq!(replica.stop(), Some(0), "{}", replica.logs());
+        runs.push(replica.logs());
+    }
+    let all = runs.join("\n----\n");
+    let redone: u64 = runs
+        .iter()
+        .map(|logs| stopped_field(logs, "already_applied").expect("a stop line"))
+        .sum();
+    assert_eq!(db.count("history_events").await, total as i64);
+    assert_eq!(redone, 0, "records written twice:\n{all}");
+    assert!(
+        skipped > 0.0,
+        "no owner skipped what its predecessor listed:\n{all}"
+    );
+    eprintln!("rolling restart: {total} events, {skipped} skipped as done, 0 re-done");
+}
