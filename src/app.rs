@@ -277,7 +277,8 @@ pub async fn run_until(
             left = left.unresolved + left.resolved_behind,
             elapsed_ms = clock.elapsed().as_millis() as u64,
             "history-service stopped: records left behind the final commit; the next owner \
-             re-reads them"
+             reads them again, processing the unresolved ones and skipping the resolved ones the \
+             commit lists as done (kafka.commit_metadata_max_bytes)"
         );
     }
     Ok(RunReport { stats, left })
