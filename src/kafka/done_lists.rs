@@ -174,3 +174,73 @@ pub fn commit_list(positions: &[CommitPosition], metadata_max_bytes: usize) -> T
 pub fn metadata_too_large(error: &KafkaError) -> bool {
     error.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::OffsetMetadataTooLarge)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::offsets::Run;
+
+    fn position(offset: i64, runs: impl IntoIterator<Item = Run>) -> CommitPosition {
+        CommitPosition {
+            tp: TopicPartition::new("t", 0),
+            epoch: 1,
+            generation: 0,
+            offset,
+            done: Arc::new(DoneOffsets::from_runs(runs)),
+        }
+    }
+
+    #[test]
+    fn a_commit_carries_its_list_within_the_bound_and_none_when_lists_are_off() {
+        let every_other = (0..5_000).map(|i| Run {
+            first: 102 + 2 * i,
+            last: 102 + 2 * i,
+        });
+        let positions = [position(100, every_other)];
+        let list = commit_list(&positions, 256);
+        let element = list.find_partition("t", 0).unwrap();
+        assert_eq!(element.offset(), Offset::Offset(100));
+        let metadata = raw_metadata(&list, 0);
+        assert!(
+            !metadata.is_empty() && metadata.len() <= 256,
+            "{}",
+            metadata.len()
+        );
+        let read = DoneOffsets::decode(100, metadata).unwrap().unwrap();
+        assert!(read.contains(102) && !read.contains(103));
+
+        let off = commit_list(&positions, 0);
+        assert!(raw_metadata(&off, 0).is_empty());
+        let nothing_done = commit_list(&[position(100, [])], 4096);
+        assert!(raw_metadata(&nothing_done, 0).is_empty());
+    }
+
+    #[test]
+    fn metadata_refused_as_too_large_halves_the_bound() {
+        let error =
+            KafkaError::ConsumerCommit(rdkafka::error::RDKafkaErrorCode::OffsetMetadataTooLarge);
+        assert!(metadata_too_large(&error));
+        assert!(!metadata_too_large(&KafkaError::ConsumerCommit(
+            rdkafka::error::RDKafkaErrorCode::RebalanceInProgress
+        )));
+        let system = actix::System::new();
+        system.block_on(async {
+            use actix::Actor;
+            struct Sink;
+            impl actix::Actor for Sink {
+                type Context = actix::Context<Self>;
+            }
+            impl actix::Handler<Inherit> for Sink {
+                type Result = ();
+                fn handle(&mut self, _: Inherit, _: &mut actix::Context<Self>) {}
+            }
+            let lists = DoneLists::new(Sink.start().recipient(), 4096);
+            lists.refused_as_too_large();
+            assert_eq!(lists.max_bytes(), 2048);
+            lists.refused_as_too_large();
+            assert_eq!(lists.max_bytes(), 1024);
+        });
+    }
+}

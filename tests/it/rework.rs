@@ -427,3 +427,100 @@ async fn a_rolling_restart_of_three_replicas_redoes_nothing() {
     );
     eprintln!("rolling restart: {total} events, {skipped} skipped as done, 0 re-done");
 }
+
+/// Takes the lists an assignment reads, for a test.
+struct Lists(std::sync::mpsc::Sender<history_service::kafka::messages::Inherit>);
+
+impl actix::Actor for Lists {
+    type Context = actix::Context<Self>;
+}
+
+impl actix::Handler<history_service::kafka::messages::Inherit> for Lists {
+    type Result = ();
+
+    fn handle(
+        &mut self,
+        msg: history_service::kafka::messages::Inherit,
+        _: &mut actix::Context<Self>,
+    ) {
+        let _ = self.0.send(msg);
+    }
+}
+
+/// The read of the lists at an assignment waits for the coordinator only until its deadline: a
+/// cluster that accepts connections and never answers costs the list, not the assignment.
+#[actix_rt::test]
+async fn reading_the_lists_gives_up_at_its_deadline_when_the_coordinator_never_answers() {
+    use actix::Actor;
+    use history_service::domain::TopicPartition;
+    use history_service::kafka::done_lists::DoneLists;
+    use rdkafka::ClientConfig;
+    use rdkafka::consumer::BaseConsumer;
+
+    // Connections are accepted (by the kernel) and never answered.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set(
+            "bootstrap.servers",
+            silent.local_addr().unwrap().to_string(),
+        )
+        .set("group.id", "silent")
+        .create()
+        .unwrap();
+    let (sent, _received) = std::sync::mpsc::channel();
+    let lists = DoneLists::new(Lists(sent).start().recipient(), 4096);
+    let (done, finished) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let partitions = [(TopicPartition::new("t", 0), 1)];
+        lists.read(&consumer, &partitions, Duration::from_millis(500));
+        let _ = done.send(started.elapsed());
+    });
+    let took = tokio::task::spawn_blocking(move || finished.recv_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("the read returns at its deadline");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}
+
+/// A broker whose `offset.metadata.max.bytes` is below the service's bound refuses the commit
+/// (OFFSET_METADATA_TOO_LARGE): the service says so, halves its bound and commits on.
+#[actix_rt::test]
+async fn metadata_refused_as_too_large_is_cut_and_committed_again() {
+    const OFFSET_COMMIT: i16 = 8;
+    let mut app = TestApp::prepare(|_| {}).await;
+    let total = 300;
+    let records = unique_events(total, "too-large", 17);
+    reject(&app, &records[0]).await;
+    let delivered = app.produce(&records).await;
+    app.start();
+    app.wait_rows(total as i64 - 1, ROWS_TIMEOUT).await;
+    app.broker().push_request_errors(
+        OFFSET_COMMIT,
+        &[rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE; 3],
+    );
+    let deadline = Instant::now() + ROWS_TIMEOUT;
+    loop {
+        let logs = app.logs();
+        let refused = logs
+            .lines()
+            .filter(|line| line.contains("refused an offset commit's metadata as too large"))
+            .count();
+        let covered = Covered::read(&app).await;
+        let all_listed = delivered
+            .iter()
+            .filter(|d| d.index != 0)
+            .all(|d| covered.listed(d.partition, d.offset));
+        if refused >= 1 && all_listed {
+            assert!(logs.contains("after=2048"), "{logs}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "refused {refused} times:\n{logs}"
+        );
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+    accept_again(&app).await;
+    app.wait_committed(ROWS_TIMEOUT).await;
+}
