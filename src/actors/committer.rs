@@ -140,16 +140,12 @@ impl PartitionWindow {
         ahead.then_some(position)
     }
 
-    /// The position this assignment holds, confirmed or not. Before any record resolved in
-    /// order it is the first record's offset — what the group had committed, or the log's
-    /// start — if there is a list of done offsets to carry with it.
+    /// The position this assignment holds, confirmed or not: none before a record resolved
+    /// in order (committing the first record's offset then could lower a position another
+    /// member moved on meanwhile — seen in the frozen-member chaos run).
     fn held(&self, tp: &TopicPartition) -> Option<CommitPosition> {
+        let offset = self.window.position()?;
         let done = self.done();
-        let offset = match self.window.position() {
-            Some(offset) => offset,
-            None if !done.is_empty() => self.window.first_unresolved()?,
-            None => return None,
-        };
         Some(CommitPosition {
             tp: tp.clone(),
             epoch: self.epoch,
