@@ -70,7 +70,7 @@ pub struct CommitPosition {
     pub offset: i64,
     /// Offsets above `offset` already resolved: the commit's metadata lists them, so the next
     /// owner skips them ([`crate::offsets::done`]).
-    pub done: std::sync::Arc<crate::offsets::DoneOffsets>,
+    pub done: std::sync::Arc<crate::offsets::done::DoneOffsets>,
 }
 
 /// What became of positions handed to the Kafka side for committing.

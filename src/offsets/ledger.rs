@@ -295,7 +295,7 @@ mod tests {
 
     /// `position` listing `runs` as done above it.
     fn listing(position: CommitPosition, runs: &[(i64, i64)]) -> CommitPosition {
-        use crate::offsets::{DoneOffsets, Run};
+        use crate::offsets::done::{DoneOffsets, Run};
         let done = DoneOffsets::from_runs(runs.iter().map(|&(first, last)| Run { first, last }));
         CommitPosition {
             done: std::sync::Arc::new(done),
