@@ -365,11 +365,6 @@ async fn a_rolling_restart_of_three_replicas_redoes_nothing() {
     rolling_restart("classic").await;
 }
 
-#[actix_rt::test]
-async fn a_rolling_restart_under_the_consumer_protocol_redoes_nothing() {
-    rolling_restart("consumer").await;
-}
-
 async fn rolling_restart(protocol: &str) {
     let mut first = TestApp::prepare(|o| {
         o.partitions = 6;
