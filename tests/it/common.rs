@@ -15,6 +15,33 @@ pub fn logged_number(line: &str, key: &str) -> Option<u64> {
         .ok()
 }
 
+/// `records` unique events (no duplicates, no poison) spread over the topic's partitions.
+pub fn unique_events(
+    records: usize,
+    prefix: &str,
+    seed: u64,
+) -> Vec<history_devkit::workload::PlannedRecord> {
+    history_devkit::workload::generate(&history_devkit::workload::WorkloadSpec {
+        records,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 1,
+        id_prefix: prefix.into(),
+        tickets: 997,
+        max_payload_bytes: 65536,
+        seed,
+    })
+}
+
+/// The `key=value` number of the service's last "history-service stopped" line.
+pub fn stopped_field(logs: &str, key: &str) -> Option<u64> {
+    let line = logs
+        .lines()
+        .rev()
+        .find(|line| line.contains("history-service stopped"))?;
+    logged_number(line, key)
+}
+
 pub fn event(
     event_id: &str,
     from: &str,

@@ -6,22 +6,9 @@ use std::time::{Duration, Instant};
 
 use history_devkit::process::Signal;
 use history_devkit::test_app::TestApp;
-use history_devkit::workload::{self, WorkloadSpec};
 use rand::Rng;
 
-/// `records` unique events (no duplicates, no poison) spread over the topic's partitions.
-fn unique_events(records: usize, prefix: &str, seed: u64) -> Vec<workload::PlannedRecord> {
-    workload::generate(&WorkloadSpec {
-        records,
-        duplicates: 0.0,
-        poison: 0.0,
-        partitions: 1,
-        id_prefix: prefix.into(),
-        tickets: 997,
-        max_payload_bytes: 65536,
-        seed,
-    })
-}
+use crate::common::{stopped_field, unique_events};
 
 /// The group's committed offsets summed over the partitions (none committed counts as 0).
 async fn committed_sum(app: &TestApp) -> i64 {
@@ -34,15 +21,6 @@ async fn committed_sum(app: &TestApp) -> i64 {
 
 /// How long waiting for rows may take here: the backlogs are large.
 const ROWS_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The `key=value` number of the service's last "history-service stopped" line.
-fn stopped_field(logs: &str, key: &str) -> Option<u64> {
-    let line = logs
-        .lines()
-        .rev()
-        .find(|line| line.contains("history-service stopped"))?;
-    crate::common::logged_number(line, key)
-}
 
 /// Sends SIGTERM; returns how long the process took to exit, and its exit code.
 fn stop(service: &mut TestApp) -> (Duration, Option<i32>) {

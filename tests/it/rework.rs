@@ -8,26 +8,14 @@ use std::time::{Duration, Instant};
 
 use history_devkit::process::Signal;
 use history_devkit::test_app::TestApp;
-use history_devkit::workload::{self, Delivered, PlannedRecord, RecordKind, WorkloadSpec};
+use history_devkit::workload::{Delivered, PlannedRecord, RecordKind};
 use history_service::offsets::DoneOffsets;
+
+use crate::common::{stopped_field, unique_events};
 
 const ROWS_TIMEOUT: Duration = Duration::from_secs(120);
 const SKIPPED: &str = "history_records_skipped_as_done_total";
 const EVENTS: &str = "history_events_total";
-
-/// `records` unique events, no duplicates and no poison.
-fn unique_events(records: usize, prefix: &str, seed: u64) -> Vec<PlannedRecord> {
-    workload::generate(&WorkloadSpec {
-        records,
-        duplicates: 0.0,
-        poison: 0.0,
-        partitions: 1,
-        id_prefix: prefix.into(),
-        tickets: 997,
-        max_payload_bytes: 65536,
-        seed,
-    })
-}
 
 fn event_id(record: &PlannedRecord) -> &str {
     match &record.kind {
@@ -333,15 +321,6 @@ async fn metadata_of_another_tool_or_another_position_is_ignored_and_everything_
         logs.contains("belongs to position 3, not to the committed 10"),
         "{logs}"
     );
-}
-
-/// The `key=value` number of the last "history-service stopped" line of `logs`.
-fn stopped_field(logs: &str, key: &str) -> Option<u64> {
-    let line = logs
-        .lines()
-        .rev()
-        .find(|line| line.contains("history-service stopped"))?;
-    crate::common::logged_number(line, key)
 }
 
 /// Waits until `app`'s current run has partitions assigned.
