@@ -27,6 +27,15 @@ type At = chrono::DateTime<chrono::Utc>;
 /// revoke, lost it, or (re)started.
 pub type Owned = (usize, i32, u64, At, Option<At>);
 
+/// When an instance's Kafka client said a partition's log was truncated and reset its position
+/// (librdkafka's "Partition log truncation detected"): (instance, partition, when). The
+/// service then reads the partition again from where the client resumed, and its position goes
+/// back with it — by design (README, *logs that move back*). librdkafka's mock answers a leader
+/// epoch it has no records of with "no offset" (`rd_kafka_mock_partition_offset_for_leader_epoch`
+/// returns -1 where Kafka answers the end of the nearest earlier epoch), so a leadership moved
+/// twice between productions reads as a truncation and the client resets to the log start.
+pub type Truncated = (usize, i32, At);
+
 /// Checks every commit the instances logged: each record before the committed offset must
 /// already be in the database (its event recorded, or its dead letter stored), and a
 /// partition's committed position never moves backwards.
@@ -48,6 +57,10 @@ pub struct CheckerReport {
     /// revoked it). Reported apart, not counted as the service's: no member can see another's
     /// assignment. A zombie's commit — made after its own log lost the partition — is not this.
     pub double_assigned: Vec<String>,
+    /// Commits that moved a position backwards after the committing instance's client reported
+    /// the partition's log truncated within the same assignment ([`Truncated`]): the position
+    /// follows the log back. Reported apart, not counted as the service's.
+    pub after_truncation: Vec<String>,
     /// The longest time between two advances of any partition's committed position.
     pub longest_stall: Duration,
 }
@@ -65,6 +78,7 @@ pub fn spawn_checker(
     records: Vec<PlannedRecord>,
     delivered: Arc<Mutex<Deliveries>>,
     owned: Arc<Mutex<Vec<Owned>>>,
+    truncated: Arc<Mutex<Vec<Truncated>>>,
 ) -> Checker {
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = stop.clone();
@@ -146,7 +160,9 @@ pub fn spawn_checker(
             }
         }
         let owned = owned.lock().unwrap().clone();
-        let (backward, double_assigned) = backward_commits(&mut history, &owned);
+        let truncated = truncated.lock().unwrap().clone();
+        let (backward, double_assigned, after_truncation) =
+            backward_commits(&mut history, &owned, &truncated);
         let regressions = backward.len();
         violations.extend(backward);
         CheckerReport {
@@ -155,6 +171,7 @@ pub fn spawn_checker(
             violations,
             regressions,
             double_assigned,
+            after_truncation,
             longest_stall: longest_stall(&history),
         }
     });
@@ -183,8 +200,12 @@ fn held(owned: &[Owned], partition: i32, commit: &Committed) -> Option<(At, Opti
 /// line's `queued_at`, taken under the ledger's lock; within one instance the order the broker
 /// applies them): the service's, and apart those made while the
 /// broker had the partition assigned to both instances ([`CheckerReport::double_assigned`]).
-fn backward_commits(history: &mut [Vec<Committed>], owned: &[Owned]) -> (Vec<String>, Vec<String>) {
-    let (mut violations, mut double) = (Vec::new(), Vec::new());
+fn backward_commits(
+    history: &mut [Vec<Committed>],
+    owned: &[Owned],
+    truncated: &[Truncated],
+) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let (mut violations, mut double, mut after_truncation) = (Vec::new(), Vec::new(), Vec::new());
     for (partition, commits) in history.iter_mut().enumerate() {
         commits.sort();
         let partition = partition as i32;
@@ -209,16 +230,28 @@ fn backward_commits(history: &mut [Vec<Committed>], owned: &[Owned]) -> (Vec<Str
                     }
                     _ => false,
                 };
+            // The committing instance's client reset the partition after a truncation it
+            // detected, within the assignment the commit was made in.
+            let truncation = held(owned, partition, &pair[1]).and_then(|(from, _)| {
+                truncated.iter().find(|&&(i, p, when)| {
+                    i == second && p == partition && from <= when && when <= at
+                })
+            });
             if twice {
                 double.push(format!(
                     "{line}, both holding it (assigned twice by the broker)"
+                ));
+            } else if let Some((_, _, when)) = truncation {
+                after_truncation.push(format!(
+                    "{line}, its client having reset the partition at {when} after detecting a \
+                     log truncation"
                 ));
             } else {
                 violations.push(line);
             }
         }
     }
-    (violations, double)
+    (violations, double, after_truncation)
 }
 
 /// The longest time between two advances of a partition's committed position, over every
@@ -597,7 +630,7 @@ mod tests {
     fn a_regression_between_two_live_owners_is_the_brokers_double_assignment() {
         let mut history = vec![Vec::new(); 5];
         history[4] = vec![(at(21), 176, 1, 3), (at(22), 148, 2, 7)];
-        let (service, broker) = backward_commits(&mut history, &owned());
+        let (service, broker, _) = backward_commits(&mut history, &owned(), &[]);
         assert!(service.is_empty(), "{service:?}");
         assert_eq!(broker.len(), 1);
     }
@@ -607,12 +640,30 @@ mod tests {
         // Instance 1's commit at 31 s, after its own log released the partition: a zombie's.
         let mut history = vec![Vec::new(); 5];
         history[4] = vec![(at(25), 300, 2, 7), (at(31), 290, 1, 3)];
-        let (service, broker) = backward_commits(&mut history, &owned());
+        let (service, broker, _) = backward_commits(&mut history, &owned(), &[]);
         assert_eq!((service.len(), broker.len()), (1, 0));
         // So is one of an epoch the instance never held, and one instance going backwards.
         history[4] = vec![(at(21), 176, 1, 3), (at(22), 148, 2, 6)];
-        assert_eq!(backward_commits(&mut history, &owned()).0.len(), 1);
+        assert_eq!(backward_commits(&mut history, &owned(), &[]).0.len(), 1);
         history[4] = vec![(at(21), 176, 2, 7), (at(22), 148, 2, 7)];
-        assert_eq!(backward_commits(&mut history, &owned()).0.len(), 1);
+        assert_eq!(backward_commits(&mut history, &owned(), &[]).0.len(), 1);
+    }
+
+    #[test]
+    fn a_regression_after_the_client_reset_a_truncated_log_is_the_logs() {
+        // Instance 2 holds partition 4 from 20 s; at 26 s its client resets it after a
+        // truncation, and its commit at 27 s goes back.
+        let mut history = vec![Vec::new(); 5];
+        history[4] = vec![(at(25), 300, 2, 7), (at(27), 31, 2, 7)];
+        let (service, _, truncation) = backward_commits(&mut history, &owned(), &[(2, 4, at(26))]);
+        assert_eq!((service.len(), truncation.len()), (0, 1));
+        // Not a reset of another partition, another instance, or one before the assignment.
+        for reset in [(2, 3, at(26)), (1, 4, at(26)), (2, 4, at(15))] {
+            let (service, _, truncation) = backward_commits(&mut history, &owned(), &[reset]);
+            assert_eq!((service.len(), truncation.len()), (1, 0), "{reset:?}");
+        }
+        // Nor one after the commit.
+        let (service, _, _) = backward_commits(&mut history, &owned(), &[(2, 4, at(28))]);
+        assert_eq!(service.len(), 1);
     }
 }

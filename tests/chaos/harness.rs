@@ -21,6 +21,12 @@ use crate::instance::{Instance, LogFeed, Protocol};
 use crate::producer::{Deliveries, spawn_producer};
 use crate::schedule::{Action, GROUP, PARTITIONS, PRODUCTION_SHARE, TOPIC};
 
+/// How long a freeze that found no connection in its planned time waits for one.
+const LATE_FREEZE_WAIT: Duration = Duration::from_secs(60);
+/// How long a late freeze holds its connections: past `database.statement_timeout_ms` (10 s by
+/// default), as a planned one does, so that the deadline ends the wait.
+const FROZEN_PAST_THE_DEADLINE: Duration = Duration::from_secs(11);
+
 /// What happened, for the report.
 #[derive(Debug, Default, Clone)]
 pub struct Figures {
@@ -72,6 +78,9 @@ pub struct Figures {
     /// once (each committing within an assignment its own log held): the broker's doing,
     /// reported apart ([`crate::checker::CheckerReport::double_assigned`]).
     pub double_assigned: Vec<String>,
+    /// Backward commits that followed the log back after the committing instance's client
+    /// detected a truncation ([`crate::checker::CheckerReport::after_truncation`]).
+    pub after_truncation: Vec<String>,
     /// The longest time any partition's committed position stood still while records were
     /// produced to it.
     pub longest_stall: Duration,
@@ -102,7 +111,8 @@ impl Figures {
              positions on the wire {} (checked {}, late copies of earlier requests {})\n  \
              lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
              violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
-             backward commits while the broker had a partition assigned twice {}{}\n",
+             backward commits while the broker had a partition assigned twice {}{}\n  \
+             backward commits after the client reset a partition it found truncated {}{}\n",
             elapsed.as_secs_f64(),
             self.records,
             self.distinct_events,
@@ -136,6 +146,11 @@ impl Figures {
             self.already_applied_outcomes,
             self.double_assigned.len(),
             self.double_assigned
+                .iter()
+                .map(|line| format!("\n    {line}"))
+                .collect::<String>(),
+            self.after_truncation.len(),
+            self.after_truncation
                 .iter()
                 .map(|line| format!("\n    {line}"))
                 .collect::<String>(),
@@ -242,6 +257,7 @@ impl Chaos {
                 rebalances: Arc::new(AtomicUsize::new(0)),
                 assignments_lost: Arc::new(AtomicUsize::new(0)),
                 owned: Arc::new(Mutex::new(Vec::new())),
+                truncated: Arc::new(Mutex::new(Vec::new())),
                 members: Arc::new(Mutex::new(std::collections::HashMap::new())),
             },
             commit_feed: Some(commit_feed),
@@ -351,8 +367,34 @@ impl Chaos {
     }
 
     pub fn thaw_database(&mut self) {
+        if self.database_freeze_pending {
+            self.freeze_late();
+        }
         self.database_freeze_pending = false;
         self.database_proxy.thaw();
+    }
+
+    /// The planned freeze found no connection open in all its time — the instances were down
+    /// or the schedule ran late behind a slow PostgreSQL restart (seen in CI: every action
+    /// between a restart and the thaw fired at once). The freeze is not skipped: the first
+    /// connections to open are frozen, and held past the per-transaction deadline.
+    fn freeze_late(&mut self) {
+        eprintln!(
+            "  the database freeze found no open connection in its planned time: frozen late"
+        );
+        let deadline = Instant::now() + LATE_FREEZE_WAIT;
+        while self.database_freeze_pending {
+            assert!(
+                Instant::now() < deadline,
+                "no connection to PostgreSQL opened within {LATE_FREEZE_WAIT:?} to freeze"
+            );
+            for n in 0..self.instances.len() {
+                self.start_instance(n);
+            }
+            self.try_pending_freeze();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(FROZEN_PAST_THE_DEADLINE);
     }
 
     /// Sleeps until `when`, meanwhile retrying a pending database freeze.
@@ -427,6 +469,7 @@ impl Chaos {
             records.clone(),
             delivered.clone(),
             self.feed.owned.clone(),
+            self.feed.truncated.clone(),
         );
 
         for (when, action) in plan {
@@ -477,6 +520,7 @@ impl Chaos {
         self.figures.commits_covered = checked.covered;
         self.figures.regressions = checked.regressions;
         self.figures.double_assigned = checked.double_assigned;
+        self.figures.after_truncation = checked.after_truncation;
         self.figures.longest_stall = checked.longest_stall;
         self.figures.violations.extend(checked.violations);
         // What the brokers were sent, logged or not.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use history_devkit::process::{Process, StillRunning, local_listener};
 
-use crate::checker::{CommitSeen, Owned};
+use crate::checker::{CommitSeen, Owned, Truncated};
 use crate::schedule::{GROUP, MAX_PAYLOAD, TOPIC};
 
 /// The consumer-group protocol the instances speak (`kafka.group_protocol`).
@@ -52,6 +52,8 @@ pub struct LogFeed {
     pub assignments_lost: Arc<AtomicUsize>,
     /// Every assignment each instance's log reports, from its start to its end.
     pub owned: Arc<std::sync::Mutex<Vec<Owned>>>,
+    /// The partitions the instances' clients reset after detecting a log truncation.
+    pub truncated: Arc<std::sync::Mutex<Vec<Truncated>>>,
     /// The instance each member id the group coordinator gave belongs to (from the member id
     /// its assignment lines carry).
     pub members: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
@@ -78,6 +80,12 @@ fn assignments_of(entry: &serde_json::Value) -> Vec<(i32, u64)> {
         .split(',')
         .filter_map(|epoch| epoch.trim().parse().ok());
     partitions.zip(epochs).collect()
+}
+
+/// The partition of a librdkafka line about `TOPIC` (`… tickets.status.v1 [2]: offset reset …`).
+fn truncated_partition(message: &str) -> Option<i32> {
+    let rest = &message[message.find(&format!("{TOPIC} ["))? + TOPIC.len() + 2..];
+    rest.split(']').next()?.parse().ok()
 }
 
 impl LogFeed {
@@ -139,6 +147,14 @@ impl LogFeed {
                 self.rebalances.fetch_add(1, Ordering::Relaxed);
                 self.assignments_lost.fetch_add(1, Ordering::Relaxed);
                 self.release(n, &entry, at());
+            }
+            Some(message)
+                if message.starts_with("librdkafka:")
+                    && message.contains("Partition log truncation detected") =>
+            {
+                if let Some(partition) = truncated_partition(message) {
+                    self.truncated.lock().unwrap().push((n, partition, at()));
+                }
             }
             // A restarted instance holds nothing of its earlier life.
             Some("history-service starting") => {
