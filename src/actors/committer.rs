@@ -84,6 +84,10 @@ impl PartitionWindow {
             return false;
         };
         if offset < inherited.position {
+            if inherited.done.is_empty() {
+                self.inherited = None;
+                return false;
+            }
             info!(
                 %tp,
                 offset,
@@ -142,10 +146,26 @@ impl PartitionWindow {
 
     /// The position this assignment holds, confirmed or not: none before a record resolved
     /// in order (committing the first record's offset then could lower a position another
-    /// member moved on meanwhile — seen in the frozen-member chaos run).
+    /// member moved on meanwhile — seen in the frozen-member chaos run) — except the position
+    /// the previous owner committed, when its first record is still unresolved and more is done
+    /// above it than that owner listed: a record held there (an event the database rejects)
+    /// would otherwise keep everything this owner did behind it out of every commit, and each
+    /// next owner would do it again.
     fn held(&self, tp: &TopicPartition) -> Option<CommitPosition> {
-        let offset = self.window.position()?;
         let done = self.done();
+        let offset = match self.window.position() {
+            Some(offset) => offset,
+            None => {
+                let inherited = self.inherited.as_ref()?;
+                let first = self.window.first_unresolved()?;
+                if first != inherited.position
+                    || done.count_above(first) <= inherited.done.count_above(first)
+                {
+                    return None;
+                }
+                first
+            }
+        };
         Some(CommitPosition {
             tp: tp.clone(),
             epoch: self.epoch,

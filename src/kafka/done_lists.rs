@@ -108,7 +108,15 @@ fn lists_of(
             continue;
         };
         match DoneOffsets::decode(position, raw_metadata(committed, index)) {
-            Ok(None) => {}
+            // No list: the position alone still tells the committer where this assignment
+            // starts, so that a first record held there does not keep what is done behind it
+            // from being committed.
+            Ok(None) => inherited.push(InheritedDone {
+                tp: tp.clone(),
+                epoch: *epoch,
+                position,
+                done: DoneOffsets::default(),
+            }),
             Ok(Some(done)) => {
                 info!(
                     %tp,

@@ -1004,3 +1004,62 @@ async fn a_held_position_is_committed_again_listing_what_resolved_behind_it() {
     harness.wait_last_committed(&tp, 10, WAIT).await;
     harness.stop();
 }
+
+/// A new owner whose first record is held (the record the previous owner was held at) still
+/// commits what it does behind it, at the previous owner's position: otherwise every owner
+/// after the first would do its work again — a rolling restart under the `consumer` protocol
+/// re-did 625 records so. Only at that position, and only once the list holds more than the
+/// previous owner's.
+#[actix_rt::test]
+async fn a_new_owner_held_at_its_first_record_commits_what_it_does_behind_it() {
+    let db = TestDb::migrated().await;
+    let harness = start(&db, &pipeline_settings(|_| {}));
+    let tp = TopicPartition::new("t", 0);
+    harness.assign(&tp, 1).await;
+    // The previous owner committed 5, listing 6 and 7 as done.
+    inherit(&harness, &tp, 5, &[(6, 7)]);
+    let blocker = hold(&db, "evt-5").await;
+    harness.inject(&tp, events(5..12)).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    // 6 and 7 skipped, some of 8..12 written (one may share the held record's transaction).
+    let listed = loop {
+        if let Some((position, _)) = harness
+            .positions_of(&tp)
+            .into_iter()
+            .find(|(position, _)| position.offset == 5 && position.done.count() > 2)
+        {
+            break position.done;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing committed at 5 while records were written behind it: {:?}",
+            harness.positions_of(&tp)
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(!listed.contains(5));
+    assert!(listed.contains(6) && listed.contains(7));
+    let written = written_ids(&db).await;
+    for run in listed.runs() {
+        for offset in (run.first..=run.last).filter(|offset| *offset > 7) {
+            assert!(
+                written.contains(&format!("evt-{offset}")),
+                "{offset} listed, not written"
+            );
+        }
+    }
+    assert!(
+        !written.iter().any(|id| id == "evt-6" || id == "evt-7"),
+        "what the previous owner listed is skipped"
+    );
+    // Nothing was committed below the previous owner's position.
+    assert!(
+        harness
+            .positions_of(&tp)
+            .iter()
+            .all(|(position, _)| position.offset >= 5)
+    );
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    harness.wait_last_committed(&tp, 12, WAIT).await;
+    harness.stop();
+}
