@@ -13,7 +13,6 @@
 //! (`domain::batch_size`): a database too slow for a full batch per deadline gets smaller ones,
 //! rather than the same batch timing out for ever.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,6 +26,7 @@ use super::messages::{
 };
 use crate::domain::backoff::Backoff;
 use crate::domain::batch_size::BatchSize;
+use crate::domain::fair_queue::FairQueue;
 use crate::domain::linger::{Decision, Linger};
 use crate::domain::values::SET_ASIDE;
 use crate::domain::{HistoryEvent, Resolution, bisect, process_history_batch};
@@ -64,9 +64,10 @@ pub struct DbWriter {
     committer: Addr<OffsetCommitter>,
     settings: WriterSettings,
     stats: Arc<Stats>,
-    /// Jobs waiting for the next batch, oldest first (a deque: batches are taken from the
-    /// front of a buffer that can hold tens of thousands of jobs).
-    buffer: VecDeque<WriteJob>,
+    /// Jobs waiting for the next batch, each partition's oldest first; batches take them from
+    /// the partitions in turn, so that a slow database writes every backlogged partition side
+    /// by side rather than one fetched run after another.
+    buffer: FairQueue<TopicPartition, WriteJob>,
     state: State,
     /// When the buffered jobs are written.
     linger: Linger<tokio::time::Instant>,
@@ -249,7 +250,7 @@ impl DbWriter {
             committer,
             settings,
             stats,
-            buffer: VecDeque::new(),
+            buffer: FairQueue::new(),
             state: State::Idle,
             linger,
             backoff,
@@ -286,8 +287,7 @@ impl DbWriter {
             self.state = State::Idle;
             return;
         }
-        let take = self.buffer.len().min(self.batch_size.current());
-        let batch = Batch::of(self.buffer.drain(..take));
+        let batch = Batch::of(self.buffer.take(self.batch_size.current()));
         self.linger.taken();
         self.write(batch, ctx);
     }
@@ -364,7 +364,7 @@ impl DbWriter {
                     let keep = self.batch_size.timed_out(attempted);
                     let rest = batch.split_off(keep);
                     for job in rest.into_jobs().collect::<Vec<_>>().into_iter().rev() {
-                        self.buffer.push_front(job);
+                        self.buffer.push_front(job.tp.clone(), job);
                     }
                     if batch.len() < attempted {
                         warn!(
@@ -916,7 +916,9 @@ impl Handler<WriteJobs> for DbWriter {
     type Result = ();
 
     fn handle(&mut self, msg: WriteJobs, ctx: &mut Context<Self>) {
-        self.buffer.extend(msg.0);
+        for job in msg.0 {
+            self.buffer.push_back(job.tp.clone(), job);
+        }
         self.schedule(ctx);
     }
 }
@@ -927,16 +929,11 @@ impl Handler<Withdraw> for DbWriter {
     /// Hands the buffered jobs of the revoked assignments back to the committer. A batch being
     /// written, or waiting for its retry, is not touched: its outcome is the database's to tell.
     fn handle(&mut self, msg: Withdraw, _: &mut Context<Self>) {
-        let revoked = |job: &WriteJob| {
+        let jobs = self.buffer.extract(|tp, job| {
             msg.partitions
                 .iter()
-                .any(|(tp, epoch)| *tp == job.tp && *epoch == job.epoch)
-        };
-        let (jobs, kept): (VecDeque<WriteJob>, VecDeque<WriteJob>) =
-            std::mem::take(&mut self.buffer)
-                .into_iter()
-                .partition(revoked);
-        self.buffer = kept;
+                .any(|(revoked, epoch)| revoked == tp && *epoch == job.epoch)
+        });
         if !jobs.is_empty() {
             debug!(
                 writer = self.id,
@@ -944,10 +941,7 @@ impl Handler<Withdraw> for DbWriter {
                 "revoked partitions' unstarted jobs handed back"
             );
         }
-        self.committer.do_send(Withdrawn {
-            id: msg.id,
-            jobs: jobs.into(),
-        });
+        self.committer.do_send(Withdrawn { id: msg.id, jobs });
     }
 }
 

@@ -9,6 +9,7 @@ pub mod bisect;
 pub mod budget;
 pub mod decode;
 pub mod event;
+pub mod fair_queue;
 pub mod flow;
 pub mod linger;
 pub mod outcome;
