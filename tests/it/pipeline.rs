@@ -1063,3 +1063,87 @@ async fn a_new_owner_held_at_its_first_record_commits_what_it_does_behind_it() {
     harness.wait_last_committed(&tp, 12, WAIT).await;
     harness.stop();
 }
+
+/// With the database behind, a writer's batches hold the partitions side by side: the jobs of
+/// two partitions queued behind a blocked transaction are written half and half, batch after
+/// batch, not one partition's run and then the other's (the writer's `FairQueue`).
+#[actix_rt::test]
+async fn queued_partitions_share_each_batch() {
+    let db = TestDb::migrated().await;
+    let harness = start(
+        &db,
+        &pipeline_settings(|p| {
+            p.writers = 1;
+            p.batch_max_events = 10;
+        }),
+    );
+    let (first, second) = (TopicPartition::new("t", 0), TopicPartition::new("t", 1));
+    harness.assign(&first, 1).await;
+    harness.assign(&second, 1).await;
+    let blocker = hold(&db, "blocking").await;
+    harness
+        .inject(&first, vec![other_record(0, "blocking")])
+        .await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while db.lock_waiters().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing waits for the blocker"
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    let run = |prefix: &str| -> Vec<Record> {
+        (1..=40)
+            .map(|n| other_record(n, &format!("{prefix}-{n}")))
+            .collect()
+    };
+    harness.inject(&first, run("first")).await;
+    harness.inject(&second, run("second")).await;
+    // Both runs are queued at the writer before the blocked batch ends.
+    wait_window_count(&harness, 2, 40).await;
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    harness.wait_last_committed(&second, 41, WAIT).await;
+    // Each transaction's rows share its xmin: the batches, in the order they were written.
+    let rows = db
+        .client()
+        .await
+        .query(
+            "SELECT xmin::text::bigint AS batch, event_id FROM history_events \
+             WHERE event_id <> 'blocking' ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut batches: Vec<(i64, usize, usize)> = Vec::new();
+    for row in rows {
+        let (batch, id): (i64, String) = (row.get(0), row.get(1));
+        if batches.last().is_none_or(|(last, _, _)| *last != batch) {
+            batches.push((batch, 0, 0));
+        }
+        let entry = batches.last_mut().unwrap();
+        if id.starts_with("first") {
+            entry.1 += 1;
+        } else {
+            entry.2 += 1;
+        }
+    }
+    assert_eq!(batches.len(), 8, "{batches:?}");
+    assert!(
+        batches.iter().all(|(_, first, second)| first == second),
+        "batches of (first, second) rows: {batches:?}"
+    );
+    harness.stop();
+}
+
+/// Waits until `partitions` windows each hold at least `records` unresolved records.
+async fn wait_window_count(harness: &Harness, partitions: usize, records: usize) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let windows = harness.windows().await;
+        if windows.iter().filter(|w| w.unresolved >= records).count() >= partitions {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{windows:?}");
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+}
