@@ -40,7 +40,9 @@ enum Command {
     /// Measure throughput, memory and latency: the service (`history-service run`, beside this
     /// binary) draining a backlog, against the batched statement alone, PostgreSQL's own
     /// set-based insert and a naive consumer. Prints a table and a last line
-    /// `RESULT events=... service_eps=... ceiling_ratio=... p99_ms=...`.
+    /// `RESULT events=... service_eps=... ceiling_ratio=... p99_ms=...`. With `--fairness`, how
+    /// the service shares a slowed database between backlogged partitions instead
+    /// (`RESULT phase=fairness ...`).
     Bench(BenchArgs),
     /// Run an embedded Kafka-protocol broker (librdkafka's mock cluster) for local development.
     /// Prints `bootstrap.servers=HOST:PORT` as its first line; runs until SIGINT or SIGTERM.
@@ -65,9 +67,10 @@ struct DemoArgs {
 
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
-    /// Records in the backlog (duplicates included).
-    #[arg(long, default_value_t = 100_000)]
-    events: usize,
+    /// Records in the backlog (duplicates included) [default: 100000; with --fairness 460000,
+    /// spread over every partition but the quiet one].
+    #[arg(long)]
+    events: Option<usize>,
     /// Partitions of the backlog's topic. The embedded broker keeps 5 MiB per partition, about
     /// 25,000 records: use at least events / 20,000. Several, comma separated (`1,3,6,24,96`),
     /// sweep topic shapes instead: the service's drain on each (at most 17,000 records per
@@ -96,6 +99,16 @@ struct BenchArgs {
     /// Keep the benchmark's databases (history_bench_*) instead of dropping them.
     #[arg(long)]
     keep_databases: bool,
+    /// Measure only fairness under a slow database: every partition but the last backlogged
+    /// with --events records, the database slowed to a tenth of the service's measured speed,
+    /// an event every 250 ms on the quiet partition. Reports each partition's smallest share of
+    /// the rows written in any 5 s window and the quiet events' produce -> row latency; last
+    /// line `RESULT phase=fairness partitions=... min_share=... quiet_p99_ms=...`.
+    #[arg(
+        long,
+        conflicts_with_all = ["duplicates", "naive_events", "latency_rate", "latency_seconds"]
+    )]
+    fairness: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -189,8 +202,13 @@ async fn run_bench(settings: &Settings, args: &BenchArgs) -> anyhow::Result<Exit
     if let Some(&partitions) = args.partitions.iter().find(|&&p| p < 1) {
         anyhow::bail!("--partitions: {partitions} is not a partition count");
     }
+    let default_events = if args.fairness {
+        history_devkit::bench::fairness::DEFAULT_EVENTS
+    } else {
+        history_devkit::bench::BenchOptions::default().events
+    };
     let options = history_devkit::bench::BenchOptions {
-        events: args.events,
+        events: args.events.unwrap_or(default_events),
         partitions: args.partitions[0],
         duplicates: args.duplicates,
         writers: args.writers.unwrap_or(settings.pipeline.writers),
@@ -201,6 +219,20 @@ async fn run_bench(settings: &Settings, args: &BenchArgs) -> anyhow::Result<Exit
         keep_databases: args.keep_databases,
         ..Default::default()
     };
+    if args.fairness {
+        if args.partitions.len() > 1 {
+            anyhow::bail!("--fairness takes one --partitions count");
+        }
+        let report = history_devkit::bench::fairness::run(settings, &options)
+            .await
+            .context("benchmark failed")?;
+        print!("{}", report.render());
+        return Ok(if report.verified {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     if args.partitions.len() > 1 {
         let shapes = history_devkit::bench::shapes::parse(&args.partitions);
         let report = history_devkit::bench::shapes::run(settings, &options, &shapes)

@@ -15,9 +15,13 @@
 //!   commit after each — on a sample, since it is slow.
 //! - **latency**: produce → row committed, at a fixed offered load below saturation, observed
 //!   through a NOTIFY trigger on a database of its own.
+//!
+//! Two other runs measure one thing each: [`shapes`] (`--partitions 1,3,…`) and [`fairness`]
+//! (`--fairness`).
 
 mod backends;
 mod child;
+pub mod fairness;
 mod latency;
 mod phases;
 mod report;
