@@ -40,7 +40,7 @@ use history_service::config::Settings;
 use history_service::store::{Database, StoreError, migrate, verify};
 
 /// The backlog `--fairness` produces unless `--events` says otherwise: 20,000 records on each
-/// of 23 backlogged partitions, which last 44 s at a tenth of 105,000 events/s (the fastest
+/// of 23 backlogged partitions, which last 42 s at a tenth of 110,000 events/s (the fastest
 /// unslowed drain seen on the 2-core machine; 90 s at a tenth of 50,000).
 pub const DEFAULT_EVENTS: usize = 460_000;
 
