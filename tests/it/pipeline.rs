@@ -1019,9 +1019,19 @@ async fn a_new_owner_held_at_its_first_record_commits_what_it_does_behind_it() {
     // The previous owner committed 5, listing 6 and 7 as done.
     inherit(&harness, &tp, 5, &[(6, 7)]);
     let blocker = hold(&db, "evt-5").await;
-    harness.inject(&tp, events(5..12)).await;
+    harness.inject(&tp, events(5..6)).await;
     let deadline = std::time::Instant::now() + WAIT;
-    // 6 and 7 skipped, some of 8..12 written (one may share the held record's transaction).
+    while db.lock_waiters().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "evt-5 waits for nothing"
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The events route to the two writers by a hash of their ids: of 32, some go to the writer
+    // not held by evt-5's transaction.
+    harness.inject(&tp, events(6..40)).await;
+    // 6 and 7 skipped, some of 8..40 written.
     let listed = loop {
         if let Some((position, _)) = harness
             .positions_of(&tp)
@@ -1060,7 +1070,7 @@ async fn a_new_owner_held_at_its_first_record_commits_what_it_does_behind_it() {
             .all(|(position, _)| position.offset >= 5)
     );
     blocker.batch_execute("ROLLBACK").await.unwrap();
-    harness.wait_last_committed(&tp, 12, WAIT).await;
+    harness.wait_last_committed(&tp, 40, WAIT).await;
     harness.stop();
 }
 
