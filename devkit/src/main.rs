@@ -109,6 +109,11 @@ struct BenchArgs {
         conflicts_with_all = ["duplicates", "naive_events", "latency_rate", "latency_seconds"]
     )]
     fairness: bool,
+    /// With --fairness: the backlog producer's `batch.size` in bytes (default librdkafka's,
+    /// 1 MB). A fetch response carries a partition's batch whole, so this is how many records
+    /// of one partition arrive together.
+    #[arg(long, requires = "fairness")]
+    producer_batch_bytes: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -217,6 +222,7 @@ async fn run_bench(settings: &Settings, args: &BenchArgs) -> anyhow::Result<Exit
         latency_rate: args.latency_rate,
         latency_seconds: args.latency_seconds,
         keep_databases: args.keep_databases,
+        producer_batch_bytes: args.producer_batch_bytes,
         ..Default::default()
     };
     if args.fairness {

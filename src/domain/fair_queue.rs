@@ -6,12 +6,24 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
+/// The room a key's queue of indices keeps once it is empty.
+const KEPT_WHEN_EMPTY: usize = 64;
+
 /// Items queued per key, taken from the keys in turn.
+///
+/// The items themselves sit in one slab, reused as they are taken, so the queue holds about as
+/// much memory as one first-in-first-out queue of the same items would: a key's run can fill
+/// the whole budget, and queues of items per key would each keep room for their largest run
+/// (peak RSS 58 -> 73 MB at 96 partitions, 56 -> 100 MB on the 500,000-event bench). Per key
+/// only the items' indices are queued.
 #[derive(Debug)]
 pub struct FairQueue<K, T> {
-    /// Each key's items, at a slot that stays the key's (keys are partitions: few, and a
+    items: Vec<Option<T>>,
+    /// Free places in `items`.
+    free: Vec<u32>,
+    /// Each key's item indices, at a slot that stays the key's (keys are partitions: few, and a
     /// revoked one's empty slot costs a few words), so a take indexes instead of hashing.
-    slots: Vec<VecDeque<T>>,
+    slots: Vec<VecDeque<u32>>,
     slot_of: HashMap<K, usize>,
     /// The slots with items, in the order they are served next.
     turn: VecDeque<usize>,
@@ -23,6 +35,8 @@ pub struct FairQueue<K, T> {
 impl<K, T> Default for FairQueue<K, T> {
     fn default() -> Self {
         FairQueue {
+            items: Vec::new(),
+            free: Vec::new(),
             slots: Vec::new(),
             slot_of: HashMap::new(),
             turn: VecDeque::new(),
@@ -65,14 +79,35 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
         slot
     }
 
+    fn store(&mut self, item: T) -> u32 {
+        match self.free.pop() {
+            Some(index) => {
+                self.items[index as usize] = Some(item);
+                index
+            }
+            None => {
+                self.items.push(Some(item));
+                (self.items.len() - 1) as u32
+            }
+        }
+    }
+
+    fn remove(&mut self, index: u32) -> T {
+        self.free.push(index);
+        self.items[index as usize]
+            .take()
+            .expect("a queued index holds an item")
+    }
+
     /// Queues `item` last among its key's; a key new to the queue takes its turn last.
     pub fn push_back(&mut self, key: K, item: T) {
         let slot = self.slot(&key);
+        let index = self.store(item);
         let queue = &mut self.slots[slot];
         if queue.is_empty() {
             self.turn.push_back(slot);
         }
-        queue.push_back(item);
+        queue.push_back(index);
         self.len += 1;
     }
 
@@ -80,11 +115,12 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
     /// items left is served next.
     pub fn push_front(&mut self, key: K, item: T) {
         let slot = self.slot(&key);
+        let index = self.store(item);
         let queue = &mut self.slots[slot];
         if queue.is_empty() {
             self.turn.push_front(slot);
         }
-        queue.push_front(item);
+        queue.push_front(index);
         self.len += 1;
     }
 
@@ -97,43 +133,61 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
                 break;
             };
             let queue = &mut self.slots[slot];
-            taken.push(queue.pop_front().expect("a slot in turn has items"));
-            if !queue.is_empty() {
+            let index = queue.pop_front().expect("a slot in turn has items");
+            if queue.is_empty() {
+                queue.shrink_to(KEPT_WHEN_EMPTY);
+            } else {
                 self.turn.push_back(slot);
             }
+            taken.push(self.remove(index));
         }
         self.len -= taken.len();
+        self.release_when_empty();
         taken
     }
 
     /// Takes out every item `take_out` selects, keys in turn order and each key's in order;
     /// the rest stay, in their order.
     pub fn extract(&mut self, mut take_out: impl FnMut(&K, &T) -> bool) -> Vec<T> {
-        let mut keys: Vec<Option<&K>> = vec![None; self.slots.len()];
+        let mut keys: Vec<Option<K>> = vec![None; self.slots.len()];
         for (key, &slot) in &self.slot_of {
-            keys[slot] = Some(key);
+            keys[slot] = Some(key.clone());
         }
         let mut extracted = Vec::new();
         let mut turn = VecDeque::with_capacity(self.turn.len());
         for slot in std::mem::take(&mut self.turn) {
-            let key = keys[slot].expect("every slot has its key");
-            let queue = &mut self.slots[slot];
+            let key = keys[slot].as_ref().expect("every slot has its key");
+            let queue = std::mem::take(&mut self.slots[slot]);
             let mut kept = VecDeque::with_capacity(queue.len());
-            for item in queue.drain(..) {
-                if take_out(key, &item) {
-                    extracted.push(item);
+            for index in queue {
+                let item = self.items[index as usize]
+                    .as_ref()
+                    .expect("a queued index holds an item");
+                if take_out(key, item) {
+                    extracted.push(self.remove(index));
                 } else {
-                    kept.push_back(item);
+                    kept.push_back(index);
                 }
             }
             if !kept.is_empty() {
                 turn.push_back(slot);
             }
-            *queue = kept;
+            kept.shrink_to(KEPT_WHEN_EMPTY);
+            self.slots[slot] = kept;
         }
         self.turn = turn;
         self.len -= extracted.len();
+        self.release_when_empty();
         extracted
+    }
+
+    /// An empty queue starts its slab afresh: the places stay allocated (as a deque's would)
+    /// but the free list does not outgrow them.
+    fn release_when_empty(&mut self) {
+        if self.len == 0 {
+            self.items.clear();
+            self.free.clear();
+        }
     }
 }
 

@@ -603,12 +603,20 @@ async fn produce_all(
     topic: &str,
     partitions: i32,
     records: Vec<PlannedRecord>,
+    batch_bytes: Option<usize>,
 ) -> Result<Vec<i64>, DevError> {
     let count = records.len();
     let started = Instant::now();
     let produce = {
         let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
-        tokio::task::spawn_blocking(move || workload::produce(&brokers, &topic, &records))
+        tokio::task::spawn_blocking(move || {
+            let batch = batch_bytes.map(|bytes| bytes.to_string());
+            let properties: Vec<(&str, &str)> = batch
+                .iter()
+                .map(|bytes| ("batch.size", bytes.as_str()))
+                .collect();
+            workload::produce_with(&brokers, &topic, &records, &properties)
+        })
     };
     produce.await.expect("producer thread")?;
     for partition in 0..partitions {
@@ -697,6 +705,7 @@ async fn measure(
         CALIBRATION_TOPIC,
         partitions,
         backlog(run_id, calibration_events, &all, "cal"),
+        None,
     )
     .await?;
     let calibration_db = databases.create("fair_calibration").await?;
@@ -737,7 +746,15 @@ async fn measure(
             .partition
             .expect("backlog records name their partition") as usize] += 1;
     }
-    produce_all(brokers, inspector, TOPIC, partitions, records).await?;
+    produce_all(
+        brokers,
+        inspector,
+        TOPIC,
+        partitions,
+        records,
+        options.producer_batch_bytes,
+    )
+    .await?;
 
     let database = databases.create("fairness").await?;
     let client = Database::plain(database.clone()).connect().await?;

@@ -56,6 +56,9 @@ pub struct BenchOptions {
     pub keep_databases: bool,
     /// Give up on a phase after this long.
     pub timeout: Duration,
+    /// The fairness phase's backlog producer's `batch.size` (librdkafka's default, 1 MB, when
+    /// `None`): how many records of one partition a fetch response brings at once.
+    pub producer_batch_bytes: Option<usize>,
 }
 
 impl Default for BenchOptions {
@@ -71,6 +74,7 @@ impl Default for BenchOptions {
             latency_seconds: 10,
             keep_databases: false,
             timeout: Duration::from_secs(600),
+            producer_batch_bytes: None,
         }
     }
 }
