@@ -147,6 +147,9 @@ impl Default for Options {
     }
 }
 
+/// How long [`TestApp::ends`] keeps asking.
+const ENDS_WITHIN: Duration = Duration::from_secs(30);
+
 /// The service under test and what it runs against; see the module documentation. The child
 /// is killed, if still running, and the database dropped when the app is dropped.
 pub struct TestApp {
@@ -379,14 +382,24 @@ impl TestApp {
         .unwrap_or_else(|err| panic!("the external producer: {err}"))
     }
 
-    /// The end offset of each partition of the topic, asking the broker.
+    /// The end offset of each partition of the topic, asking the broker. A read that times out
+    /// is tried again until [`ENDS_WITHIN`]: the inspector's client follows leaders moved and
+    /// brokers stopped by a test only at its next metadata refresh (a CI run timed out once,
+    /// 5 s after a broker was decommissioned).
     pub async fn ends(&self) -> Vec<i64> {
         let (inspector, topic, partitions) =
             (self.inspector.clone(), self.topic.clone(), self.partitions);
         tokio::task::spawn_blocking(move || {
-            inspector
-                .ends(&topic, partitions, Duration::from_secs(5))
-                .expect("the topic's ends are read")
+            let deadline = Instant::now() + ENDS_WITHIN;
+            loop {
+                match inspector.ends(&topic, partitions, Duration::from_secs(5)) {
+                    Ok(ends) => return ends,
+                    Err(err) if Instant::now() >= deadline => {
+                        panic!("the topic's ends are not read within {ENDS_WITHIN:?}: {err}")
+                    }
+                    Err(_) => {}
+                }
+            }
         })
         .await
         .unwrap()
