@@ -223,6 +223,31 @@ async fn a_crash_mid_drain_is_redone_only_past_the_last_commit_interval() {
         "killed by the signal"
     );
     let killed_at = Instant::now();
+    // A transaction whose COMMIT reached PostgreSQL before the kill still lands: count once no
+    // backend of the database is running a statement (one CI run counted a batch too early).
+    let settled = Instant::now() + Duration::from_secs(30);
+    loop {
+        let running: i64 = first
+            .db
+            .client()
+            .await
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND state = 'active' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < settled,
+            "the killed instance's statements never ended"
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
     let rows_at_kill = first.db.count("history_events").await;
     let before_two_intervals = rows_at
         .iter()
