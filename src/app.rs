@@ -25,6 +25,7 @@ use crate::health::Readiness;
 use crate::http;
 use crate::kafka::context::CommitterLink;
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
+use crate::kafka::error_log::ClientErrorLog;
 use crate::kafka::fetch_sizing::{FetchSizing, SizingWatch};
 use crate::kafka::tail::TailReader;
 use crate::kafka::topic_watch::TopicWatchSettings;
@@ -475,6 +476,8 @@ async fn start(
         Some(Arc::new(publisher))
     };
     let pipeline = Pipeline::start_with(&settings.pipeline, pool.clone(), stats.clone(), publisher);
+    // One log of client errors for every client of the cluster the service makes.
+    let client_errors = ClientErrorLog::new(settings.kafka.error_log_interval());
     let context = SupervisorContext::new(
         CommitterLink {
             revoke: pipeline.committer().clone().recipient(),
@@ -484,7 +487,7 @@ async fn start(
         stats.clone(),
         readiness.joined(),
     )
-    .with_error_log_interval(settings.kafka.error_log_interval())
+    .with_error_log(client_errors.clone())
     .with_group(
         settings.kafka.group_protocol,
         settings.kafka.is_static_member(),
@@ -501,7 +504,7 @@ async fn start(
     );
     let budget = settings.pipeline.budget();
     let brokers = tokio::select! {
-        brokers = brokers_to_size_for(settings) => brokers,
+        brokers = brokers_to_size_for(settings, client_errors.clone()) => brokers,
         _ = &mut shutdown => {
             let _ = pipeline.drain(Duration::ZERO).await;
             pipeline.stop();
@@ -548,15 +551,18 @@ async fn start(
     };
     // The check makes its client when a partition is assigned; one made now proves the
     // settings it needs at start-up.
-    let traces = match TailReader::new(&settings.kafka) {
+    let traces = match TailReader::sharing(&settings.kafka, client_errors.clone()) {
         Ok(_) => Traces {
-            check: Arc::new(TraceCheck::new(
-                settings.kafka.clone(),
-                // A connection of its own: the check never waits for the writers' pool, nor
-                // takes a connection a writer waits for.
-                database.pool(1, settings.database.connect_timeout()),
-                settings.pipeline.max_payload_bytes,
-            )),
+            check: Arc::new(
+                TraceCheck::new(
+                    settings.kafka.clone(),
+                    // A connection of its own: the check never waits for the writers' pool, nor
+                    // takes a connection a writer waits for.
+                    database.pool(1, settings.database.connect_timeout()),
+                    settings.pipeline.max_payload_bytes,
+                )
+                .with_client_errors(client_errors),
+            ),
             group: Arc::from(settings.kafka.group_id.as_str()),
             behind: readiness.database_behind(),
         },
@@ -588,10 +594,10 @@ const CLUSTER_METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many brokers to size the fetch requests for: the cluster's, as one metadata request
 /// tells, or — when no broker answers within [`CLUSTER_METADATA_TIMEOUT`] — the brokers listed
 /// in `kafka.brokers` (the service then says so, and warns later if it finds more).
-async fn brokers_to_size_for(settings: &Settings) -> usize {
+async fn brokers_to_size_for(settings: &Settings, errors: ClientErrorLog) -> usize {
     let kafka = settings.kafka.clone();
     let asked = tokio::task::spawn_blocking(move || {
-        kafka::cluster_brokers(&kafka, CLUSTER_METADATA_TIMEOUT)
+        kafka::cluster_brokers(&kafka, CLUSTER_METADATA_TIMEOUT, errors)
     })
     .await;
     let listed = settings

@@ -18,6 +18,7 @@ use crate::config::KafkaSettings;
 use crate::domain::TopicPartition;
 use crate::domain::traces::{Found, Trace, Untraced, untraced};
 use crate::health::DatabaseBehind;
+use crate::kafka::error_log::ClientErrorLog;
 use crate::kafka::tail::TailReader;
 use crate::metrics;
 use crate::store::{PgPool, traces};
@@ -80,16 +81,27 @@ pub struct TraceCheck {
     max_payload_bytes: usize,
     /// Set when the service stops: a check under way gives up at its next record.
     stopping: Arc<AtomicBool>,
+    /// The process's log of client errors: a check while the cluster is away adds no lines
+    /// of its own.
+    errors: ClientErrorLog,
 }
 
 impl TraceCheck {
     pub fn new(kafka: KafkaSettings, pool: PgPool, max_payload_bytes: usize) -> Self {
+        let kafka_error_interval = kafka.error_log_interval();
         TraceCheck {
             kafka: Arc::new(kafka),
             pool,
             max_payload_bytes,
             stopping: Arc::new(AtomicBool::new(false)),
+            errors: ClientErrorLog::new(kafka_error_interval),
         }
+    }
+
+    /// The checks' clients log their errors through `errors`, shared with the consumer's.
+    pub fn with_client_errors(mut self, errors: ClientErrorLog) -> Self {
+        self.errors = errors;
+        self
     }
 
     /// Tells a check under way, and any later one, to give up: the stop does not wait for
@@ -103,6 +115,7 @@ impl TraceCheck {
         let kafka = self.kafka.clone();
         let max_payload = self.max_payload_bytes;
         let stopping = self.stopping.clone();
+        let errors = self.errors.clone();
         let asked = partitions.clone();
         // The cluster's answers, on a thread of the check's own: the committed positions,
         // then each partition's tail, decoded into the traces its records must have left. Not
@@ -113,7 +126,7 @@ impl TraceCheck {
             .name("history-trace-check".into())
             .spawn(move || {
                 let stopped = || stopping.load(Ordering::Relaxed);
-                let read = match TailReader::new(&kafka) {
+                let read = match TailReader::sharing(&kafka, errors) {
                     Ok(reader) => read_tails(&reader, partitions, max_payload, &stopped),
                     Err(err) => {
                         let why = format!("cannot create the checking client: {err}");

@@ -216,6 +216,12 @@ impl SupervisorContext {
         self
     }
 
+    /// Client errors go through `errors`, which the process's other clients share.
+    pub fn with_error_log(mut self, errors: ClientErrorLog) -> Self {
+        self.errors = errors;
+        self
+    }
+
     /// The aggregated log of client errors.
     pub fn errors(&self) -> &ClientErrorLog {
         &self.errors
@@ -781,6 +787,20 @@ impl ClientContext for SupervisorContext {
         }
         if let Some(sizing) = &self.sizing {
             sizing.observe(&statistics);
+        }
+    }
+
+    /// Connection failures (`FAIL`) repeat for as long as a broker is away, and the error
+    /// callback reports each again: they go through the summarised log. Every other line keeps
+    /// librdkafka's own form — each says something once (an offset reset after a log
+    /// truncation names its partition and position).
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel::*;
+        match level {
+            Emerg | Alert | Critical | Error | Warning if facility == "FAIL" => {
+                self.errors.client_log(facility, message)
+            }
+            _ => rdkafka::client::DefaultClientContext.log(level, facility, message),
         }
     }
 

@@ -8,7 +8,7 @@
 //! name (bounded), never by its free text.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::KafkaError;
@@ -185,9 +185,17 @@ pub fn error_name(error: &KafkaError) -> String {
 }
 
 /// The one aggregator of the process's Kafka client errors, shared by the client's error
-/// callback and the supervisor's stream (which sees the same errors again as consumer errors).
-#[derive(Debug)]
+/// callback and the supervisor's stream (which sees the same errors again as consumer errors),
+/// and — cloned — by every other client the service makes of the same cluster (the metadata
+/// client and the checking clients of start-up): an unreachable cluster is one line per error,
+/// not one per client. The summaries left are said when the last clone is dropped.
+#[derive(Debug, Clone)]
 pub struct ClientErrorLog {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     aggregator: Mutex<Aggregator>,
 }
 
@@ -200,7 +208,9 @@ impl Default for ClientErrorLog {
 impl ClientErrorLog {
     pub fn new(interval: Duration) -> Self {
         ClientErrorLog {
-            aggregator: Mutex::new(Aggregator::new(interval)),
+            shared: Arc::new(Shared {
+                aggregator: Mutex::new(Aggregator::new(interval)),
+            }),
         }
     }
 
@@ -227,7 +237,7 @@ impl ClientErrorLog {
     /// Logs the summaries of the intervals that are over; call it periodically, so a summary
     /// is written even when the error stopped.
     pub fn flush(&self) {
-        let summaries = self.aggregator.lock().unwrap().flush(Instant::now());
+        let summaries = self.shared.aggregator.lock().unwrap().flush(Instant::now());
         for summary in summaries {
             log_summary(Some(summary));
         }
@@ -249,7 +259,12 @@ impl ClientErrorLog {
     /// Logs the summary of every error that repeated since its last line, interval over or
     /// not: the client is about to close, and may not finish closing before the process ends.
     pub fn flush_all(&self) {
-        let summaries = self.aggregator.lock().unwrap().flush_all(Instant::now());
+        let summaries = self
+            .shared
+            .aggregator
+            .lock()
+            .unwrap()
+            .flush_all(Instant::now());
         for summary in summaries {
             log_summary(Some(summary));
         }
@@ -257,15 +272,16 @@ impl ClientErrorLog {
 
     fn record(&self, name: &str, detail: &str, severity: Severity) -> (Verdict, Option<Summary>) {
         metrics::kafka_client_error(name);
-        self.aggregator
+        self.shared
+            .aggregator
             .lock()
             .unwrap()
             .record(name, detail, severity, Instant::now())
     }
 }
 
-impl Drop for ClientErrorLog {
-    /// The consumer is closing: what repeated since the last line is said now, not never.
+impl Drop for Shared {
+    /// The last client is closing: what repeated since the last line is said now, not never.
     fn drop(&mut self) {
         let aggregator = self
             .aggregator
@@ -290,6 +306,11 @@ impl LoggedClientContext {
         LoggedClientContext {
             errors: ClientErrorLog::new(interval),
         }
+    }
+
+    /// A context whose lines go through `errors`, shared with other clients.
+    pub fn sharing(errors: ClientErrorLog) -> Self {
+        LoggedClientContext { errors }
     }
 
     pub fn errors(&self) -> &ClientErrorLog {

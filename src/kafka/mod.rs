@@ -227,10 +227,14 @@ fn cluster_config(settings: &KafkaSettings, role: &str) -> Result<ClientConfig, 
 pub fn cluster_brokers(
     settings: &KafkaSettings,
     timeout: Duration,
+    errors: error_log::ClientErrorLog,
 ) -> Result<usize, KafkaSetupError> {
     let config = cluster_config(settings, "metadata")?;
-    let client: rdkafka::consumer::BaseConsumer =
-        create_client("metadata client", settings, || config.create())?;
+    let context = error_log::LoggedClientContext::sharing(errors);
+    let client: rdkafka::consumer::BaseConsumer<error_log::LoggedClientContext> =
+        create_client("metadata client", settings, || {
+            config.create_with_context(context)
+        })?;
     // One topic's metadata lists every broker too, without every topic of a large cluster.
     let topic = settings.topics.first().map(String::as_str);
     let metadata = client.fetch_metadata(topic, timeout)?;

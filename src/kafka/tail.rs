@@ -10,7 +10,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::error_log::LoggedClientContext;
+use super::error_log::{ClientErrorLog, LoggedClientContext};
 use super::{KafkaSetupError, cluster_config, create_client, record_of};
 use crate::config::KafkaSettings;
 use crate::domain::traces::tail_start;
@@ -68,7 +68,17 @@ pub struct Tail {
 }
 
 impl TailReader {
+    /// A reader whose clients summarise their errors on their own.
     pub fn new(settings: &KafkaSettings) -> Result<Self, KafkaSetupError> {
+        Self::sharing(settings, ClientErrorLog::new(settings.error_log_interval()))
+    }
+
+    /// A reader whose clients' errors go through `errors`, shared with the service's other
+    /// clients.
+    pub fn sharing(
+        settings: &KafkaSettings,
+        errors: ClientErrorLog,
+    ) -> Result<Self, KafkaSetupError> {
         // Two clients: one of the group, which only asks for its committed offsets; one of no
         // group, which reads. A client of the group that assigns itself partitions and
         // fetches them disturbed the group's own members under rebalances (revokes ran out of
@@ -94,7 +104,7 @@ impl TailReader {
             .set("max.partition.fetch.bytes", "262144")
             .set("fetch.wait.max.ms", "50");
         // Their errors are summarised, as every client's are, rather than a line each.
-        let context = || TailContext(LoggedClientContext::new(settings.error_log_interval()));
+        let context = || TailContext(LoggedClientContext::sharing(errors.clone()));
         let group = create_client("checking client", settings, || {
             offsets.create_with_context(context())
         })?;

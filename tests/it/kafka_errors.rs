@@ -56,8 +56,12 @@ async fn an_unreachable_broker_is_named_in_a_few_lines_while_every_error_is_coun
 
     let log = app.logs();
     let complaints = complaints(&log);
+    // Seven here: the start-up's word on the cluster's size, the first line of each of three
+    // errors, and their three summaries. Every client the service makes of the cluster (the
+    // metadata client, the start-up's checking clients) logs through the one summarised log:
+    // with a log of their own each, a CI run counted 11 and this machine 12.
     assert!(
-        complaints.len() <= 10,
+        complaints.len() <= 8,
         "{} lines for {REPORTS} reports:\n{log}",
         complaints.len()
     );
