@@ -503,25 +503,30 @@ async fn start(
         settings.kafka.commit_metadata_max_bytes as usize,
     );
     let budget = settings.pipeline.budget();
-    let brokers = tokio::select! {
-        brokers = brokers_to_size_for(settings, client_errors.clone()) => brokers,
+    let cluster = tokio::select! {
+        cluster = cluster_to_size_for(settings, client_errors.clone()) => cluster,
         _ = &mut shutdown => {
             let _ = pipeline.drain(Duration::ZERO).await;
             pipeline.stop();
             return Ok(None);
         }
     };
+    let brokers = cluster.brokers;
     let sizing = FetchSizing::new(
         &budget,
         brokers,
         settings.kafka.max_compression_ratio as usize,
     );
+    let per_partition = budget.among(cluster.partitions);
     info!(
         brokers,
+        partitions = cluster.partitions,
         max_compression_ratio = sizing.ratio,
         fetch_max_bytes = sizing.fetch.max_bytes,
         partition_fetch_bytes = sizing.fetch.partition_bytes,
         queue_kbytes = budget.queue_kbytes,
+        partition_queue_kbytes = per_partition.queue_kbytes,
+        partition_queue_records = per_partition.queue_records,
         "fetch requests sized: a response from every broker, decompressed, fits the Kafka \
          client's share of pipeline.max_in_flight_bytes"
     );
@@ -539,7 +544,13 @@ async fn start(
         );
     }
     let context = context.with_sizing(SizingWatch::new(sizing));
-    let consumer = match kafka::subscribe(&settings.kafka, &budget, &sizing.fetch, context) {
+    let consumer = match kafka::subscribe(
+        &settings.kafka,
+        &budget,
+        cluster.partitions,
+        &sizing.fetch,
+        context,
+    ) {
         Ok(consumer) => consumer,
         Err(err) => {
             // The round trip makes sure the committer has started (and stops it taking work);
@@ -591,13 +602,14 @@ async fn start(
 /// How long start-up waits for the cluster to say how many brokers it has.
 const CLUSTER_METADATA_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How many brokers to size the fetch requests for: the cluster's, as one metadata request
-/// tells, or — when no broker answers within [`CLUSTER_METADATA_TIMEOUT`] — the brokers listed
-/// in `kafka.brokers` (the service then says so, and warns later if it finds more).
-async fn brokers_to_size_for(settings: &Settings, errors: ClientErrorLog) -> usize {
+/// The cluster to size the fetch requests for: its brokers and the configured topics'
+/// partitions, as one metadata request per topic tells, or — when no broker answers within
+/// [`CLUSTER_METADATA_TIMEOUT`] — the brokers listed in `kafka.brokers` and one partition (the
+/// service then says so, and warns later if it finds more brokers).
+async fn cluster_to_size_for(settings: &Settings, errors: ClientErrorLog) -> kafka::ClusterShape {
     let kafka = settings.kafka.clone();
     let asked = tokio::task::spawn_blocking(move || {
-        kafka::cluster_brokers(&kafka, CLUSTER_METADATA_TIMEOUT, errors)
+        kafka::cluster_shape(&kafka, CLUSTER_METADATA_TIMEOUT, errors)
     })
     .await;
     let listed = settings
@@ -607,9 +619,19 @@ async fn brokers_to_size_for(settings: &Settings, errors: ClientErrorLog) -> usi
         .filter(|entry| !entry.trim().is_empty())
         .count()
         .max(1);
+    let unknown = kafka::ClusterShape {
+        brokers: listed,
+        partitions: 1,
+    };
     match asked {
-        Ok(Ok(brokers)) if brokers > 0 => brokers,
-        Ok(Ok(_)) => listed,
+        Ok(Ok(shape)) => kafka::ClusterShape {
+            brokers: if shape.brokers > 0 {
+                shape.brokers
+            } else {
+                listed
+            },
+            partitions: shape.partitions.max(1),
+        },
         Ok(Err(err)) => {
             warn!(
                 error = %err,
@@ -617,11 +639,11 @@ async fn brokers_to_size_for(settings: &Settings, errors: ClientErrorLog) -> usi
                 "the cluster did not say how many brokers it has: fetch requests sized for the \
                  brokers listed in kafka.brokers"
             );
-            listed
+            unknown
         }
         Err(err) => {
             warn!(error = %err, listed, "the cluster's metadata could not be asked for");
-            listed
+            unknown
         }
     }
 }

@@ -81,6 +81,18 @@ impl Split {
         }
     }
 
+    /// The split with the client's queue shared among `partitions` queues of one partition
+    /// each (librdkafka applies `queued.*` to each partition's queue once they are split off the
+    /// consumer queue); at least one record and one KiB each.
+    pub fn among(&self, partitions: usize) -> Split {
+        let partitions = partitions.max(1);
+        Split {
+            queue_kbytes: (self.queue_kbytes / partitions).max(1),
+            queue_records: (self.queue_records / partitions).max(1),
+            ..*self
+        }
+    }
+
     /// The fetch requests' sizes for a cluster of `brokers` brokers whose record batches
     /// decompress by at most `ratio`. librdkafka sends one Fetch request at a time to each broker
     /// that leads a partition it consumes, each answered with up to `fetch.max.bytes` counted

@@ -813,8 +813,18 @@ impl ClientContext for SupervisorContext {
 
 impl ConsumerContext for SupervisorContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(tpl) = rebalance {
-            self.revoke(consumer, tpl);
+        match rebalance {
+            Rebalance::Revoke(tpl) => self.revoke(consumer, tpl),
+            // Before librdkafka starts fetching them: their records never reach the consumer
+            // queue ([`super::split_queues`]).
+            Rebalance::Assign(tpl) => {
+                for tp in partitions_of(tpl) {
+                    if !super::split_queues::mark_split(consumer, &tp) {
+                        warn!(%tp, "the partition's queue could not be split off");
+                    }
+                }
+            }
+            Rebalance::Error(_) => {}
         }
     }
 

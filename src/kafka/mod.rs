@@ -20,6 +20,7 @@ pub mod passed_over;
 pub mod properties;
 pub mod replay;
 pub mod reset_watch;
+pub mod split_queues;
 pub mod tail;
 pub mod topic_watch;
 
@@ -40,6 +41,7 @@ use crate::domain::budget::{Fetch, Held, Split};
 use crate::domain::{Record, TopicPartition};
 use intake::Intake;
 use passed_over::HandedOver;
+use split_queues::{SplitQueue, SplitQueues};
 
 /// The consumer could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -111,13 +113,18 @@ pub enum KafkaItem {
 pub fn consumer_config(
     settings: &KafkaSettings,
     budget: &Split,
+    partitions: usize,
     fetch: &Fetch,
 ) -> Result<ClientConfig, ConfigError> {
     let mut config = ClientConfig::new();
+    // Set in all (`kafka.fetch_queue_*`) or derived from the budget; shared among the
+    // partitions' queues either way.
+    let partitions = partitions.max(1);
     let or_budget = |explicit: u64, derived: usize| match explicit {
         0 => derived.to_string(),
-        explicit => explicit.to_string(),
+        explicit => (explicit as usize / partitions).max(1).to_string(),
     };
+    let budget = &budget.among(partitions);
     config
         .set("bootstrap.servers", &settings.brokers)
         .set("group.id", &settings.group_id)
@@ -141,10 +148,10 @@ pub fn consumer_config(
             settings.statistics_interval_ms.to_string(),
         )
         .set("fetch.wait.max.ms", settings.fetch_wait_max_ms.to_string())
-        // The client fetches while its queue holds less than this (in all: every partition
-        // goes through its one consumer queue), and one response per broker adds at most
-        // fetch.max.bytes on the wire, decompressed whole: together, the client's half of the
-        // budget (`Split::fetch`).
+        // The client fetches a partition while its queue holds less than this (each partition
+        // has a queue of its own: `budget` is the client's queue shared among them,
+        // `Split::among`), and one response per broker adds at most fetch.max.bytes on the
+        // wire, decompressed whole: together, the client's half of the budget (`Split::fetch`).
         .set(
             "queued.max.messages.kbytes",
             or_budget(settings.fetch_queue_kbytes, budget.queue_kbytes),
@@ -221,24 +228,48 @@ fn cluster_config(settings: &KafkaSettings, role: &str) -> Result<ClientConfig, 
     Ok(config)
 }
 
-/// How many brokers the cluster has, from one metadata request (bounded by `timeout`): the
-/// consumer fetches from every broker that leads a partition it reads, each response costing
-/// memory of its own, so its fetches are sized by this.
-pub fn cluster_brokers(
+/// What the service reads of the cluster at start-up, to size its fetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterShape {
+    /// The cluster's brokers: the consumer fetches from every broker that leads a partition it
+    /// reads, each response costing memory of its own.
+    pub brokers: usize,
+    /// The partitions of the configured topics that exist: the most this instance can be
+    /// assigned, each with a prefetch queue of its own ([`split_queues`]).
+    pub partitions: usize,
+}
+
+/// The cluster's brokers and the configured topics' partitions, from one metadata request per
+/// topic, all within `timeout`.
+pub fn cluster_shape(
     settings: &KafkaSettings,
     timeout: Duration,
     errors: error_log::ClientErrorLog,
-) -> Result<usize, KafkaSetupError> {
+) -> Result<ClusterShape, KafkaSetupError> {
     let config = cluster_config(settings, "metadata")?;
     let context = error_log::LoggedClientContext::sharing(errors);
     let client: rdkafka::consumer::BaseConsumer<error_log::LoggedClientContext> =
         create_client("metadata client", settings, || {
             config.create_with_context(context)
         })?;
-    // One topic's metadata lists every broker too, without every topic of a large cluster.
-    let topic = settings.topics.first().map(String::as_str);
-    let metadata = client.fetch_metadata(topic, timeout)?;
-    Ok(metadata.brokers().len())
+    let deadline = std::time::Instant::now() + timeout;
+    let mut shape = ClusterShape {
+        brokers: 0,
+        partitions: 0,
+    };
+    // A topic's metadata lists every broker too, without every topic of a large cluster.
+    for topic in &settings.topics {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let metadata = client.fetch_metadata(Some(topic), left)?;
+        shape.brokers = shape.brokers.max(metadata.brokers().len());
+        shape.partitions += metadata
+            .topics()
+            .iter()
+            .filter(|found| found.name() == topic && found.error().is_none())
+            .map(|found| found.partitions().len())
+            .sum::<usize>();
+    }
+    Ok(shape)
 }
 
 /// The service's copy of a record the client handed over.
@@ -267,15 +298,17 @@ const CONSUMER_ONLY: [&str; 9] = [
     "max.poll",
 ];
 
-/// Creates the consumer and subscribes it, its fetches sized for `fetch`. Configuration errors
-/// (an unknown librdkafka property, a bad value) surface here, at start-up.
+/// Creates the consumer and subscribes it, its fetches sized for `fetch`, its prefetch queue
+/// shared among `partitions` (each has one of its own). Configuration errors (an unknown
+/// librdkafka property, a bad value) surface here, at start-up.
 pub fn subscribe(
     settings: &KafkaSettings,
     budget: &Split,
+    partitions: usize,
     fetch: &Fetch,
     context: SupervisorContext,
 ) -> Result<Arc<HistoryConsumer>, KafkaSetupError> {
-    let config = consumer_config(settings, budget, fetch)?;
+    let config = consumer_config(settings, budget, partitions, fetch)?;
     let consumer: HistoryConsumer =
         create_client("consumer", settings, || config.create_with_context(context))?;
     let topics: Vec<&str> = settings.topics.iter().map(String::as_str).collect();
@@ -284,10 +317,11 @@ pub fn subscribe(
 }
 
 /// The consumer as a stream of items. Rebalance callbacks run while the consumer is polled, so
-/// the events they queue are yielded before the record that poll returned. A record is taken
-/// from the client only while the `intake` has room; when it had none for `max_wait`, every
-/// partition is paused and the client polled for callbacks alone until the service holds half
-/// of its budget ([`intake`]).
+/// the events they queue are yielded before the record that poll returned. Each assigned
+/// partition's records come from a queue of its own ([`split_queues`]), one partition's record
+/// after another's. A record is taken from the client only while the `intake` has room; when it
+/// had none for `max_wait`, every partition is paused and the client polled for callbacks alone
+/// until the service holds half of its budget ([`intake`]).
 pub fn item_stream(
     consumer: Arc<HistoryConsumer>,
     intake: Arc<Intake>,
@@ -296,62 +330,130 @@ pub fn item_stream(
     let known: Vec<TopicPartition> = Vec::new();
     let mut positions = tokio::time::interval(PASSED_OVER_CHECK);
     positions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let state = (consumer, intake, known, HandedOver::default(), positions);
-    futures::stream::unfold(
-        state,
-        move |(consumer, intake, mut known, mut handed, mut positions)| async move {
-            let mut check_positions = false;
-            let received = tokio::select! {
-                biased;
-                _ = consumer.context().notify.notified() => None,
-                _ = positions.tick() => {
-                    check_positions = true;
-                    None
-                }
-                received = next_record(&consumer, &intake, max_wait) => received,
-            };
-            let mut items: Vec<KafkaItem> = consumer
-                .context()
-                .take_events()
-                .into_iter()
-                .map(KafkaItem::Rebalance)
-                .collect();
-            for item in &items {
-                if let KafkaItem::Rebalance(event) = item {
-                    for tp in event.partitions() {
-                        handed.forget(tp);
-                    }
-                }
+    let state = Polling {
+        split: SplitQueues::default(),
+        consumer,
+        intake,
+        known,
+        handed: HandedOver::default(),
+        positions,
+    };
+    futures::stream::unfold(state, move |mut state| async move {
+        let mut check_positions = false;
+        let received = tokio::select! {
+            biased;
+            _ = state.consumer.context().notify.notified() => None,
+            _ = state.positions.tick() => {
+                check_positions = true;
+                None
             }
-            if check_positions {
-                items.extend(passed_over(&consumer, &mut known, &mut handed));
+            received = next_record(&state.consumer, &state.intake, &mut state.split, max_wait) => received,
+        };
+        let mut items: Vec<KafkaItem> = state
+            .consumer
+            .context()
+            .take_events()
+            .into_iter()
+            .map(KafkaItem::Rebalance)
+            .collect();
+        for item in &items {
+            if let KafkaItem::Rebalance(event) = item {
+                state.follow(event);
             }
-            match received {
-                Some(Ok(message)) => {
-                    // A record came from a broker: whatever said they were all down is over.
-                    consumer.context().health().broker_up();
-                    let tp = intern(&mut known, message.topic(), message.partition());
-                    let record = record_of(&message);
-                    drop(message);
-                    handed.record(&tp, record.offset);
-                    let held = intake.take(&record);
-                    if intake.flow(|flow| flow.is_instance_paused()) {
-                        // Assigned after the pause: kept (it is counted), and paused with the rest.
-                        let changes = intake.flow(|flow| flow.fetched_while_paused(tp.clone()));
-                        intake::apply(consumer.as_ref(), &changes);
-                    }
-                    items.push(KafkaItem::Record(tp, record, held));
-                }
-                Some(Err(err)) => items.push(KafkaItem::Error(err)),
-                None => {}
+        }
+        if check_positions {
+            items.extend(passed_over(
+                &state.consumer,
+                &mut state.known,
+                &mut state.handed,
+            ));
+        }
+        match received {
+            Some(Taken::Record(tp, Ok(record))) => items.push(state.hand_over(tp, record)),
+            Some(Taken::Main(Ok((topic, partition, record)))) => {
+                let tp = intern(&mut state.known, &topic, partition);
+                items.push(state.hand_over(tp, record));
             }
-            Some((
-                futures::stream::iter(items),
-                (consumer, intake, known, handed, positions),
-            ))
-        },
-    )
+            Some(Taken::Record(_, Err(err)) | Taken::Main(Err(err))) => {
+                items.push(KafkaItem::Error(err))
+            }
+            None => {}
+        }
+        Some((futures::stream::iter(items), state))
+    })
     .flatten()
+}
+
+/// What the record stream polls with.
+struct Polling {
+    /// Declared first: the queues are dropped before the stream's handle on the consumer.
+    split: SplitQueues<HistoryConsumer>,
+    consumer: Arc<HistoryConsumer>,
+    intake: Arc<Intake>,
+    known: Vec<TopicPartition>,
+    handed: HandedOver,
+    positions: tokio::time::Interval,
+}
+
+impl Polling {
+    /// A record taken from the client, with its share of the budget.
+    fn hand_over(&mut self, tp: TopicPartition, record: Record) -> KafkaItem {
+        // A record came from a broker: whatever said they were all down is over.
+        self.consumer.context().health().broker_up();
+        self.handed.record(&tp, record.offset);
+        let held = self.intake.take(&record);
+        if self.intake.flow(|flow| flow.is_instance_paused()) {
+            // Assigned after the pause: kept (it is counted), and paused with the rest.
+            let changes = self
+                .intake
+                .flow(|flow| flow.fetched_while_paused(tp.clone()));
+            intake::apply(self.consumer.as_ref(), &changes);
+        }
+        KafkaItem::Record(tp, record, held)
+    }
+
+    /// Opens the queues of assigned partitions, drops those of revoked ones.
+    fn follow(&mut self, event: &RebalanceEvent) {
+        match event {
+            RebalanceEvent::Assigned(partitions) => {
+                for (tp, _) in partitions {
+                    self.handed.forget(tp);
+                    match SplitQueue::open(self.consumer.clone(), tp.clone(), self.split.wake()) {
+                        Some(queue) => self.split.insert(queue),
+                        // Its records come through the consumer queue, as they would unsplit.
+                        None => tracing::warn!(%tp, "the partition's queue could not be split off"),
+                    }
+                }
+            }
+            RebalanceEvent::Revoked { partitions, .. } => {
+                for (tp, _) in partitions {
+                    self.handed.forget(tp);
+                    self.split.remove(tp);
+                }
+            }
+        }
+    }
+}
+
+/// What a poll took.
+enum Taken {
+    /// From a partition's own queue.
+    Record(TopicPartition, Result<Record, KafkaError>),
+    /// From the consumer queue: an error, or a record (with its topic and partition) of a
+    /// partition that was not split.
+    Main(Result<(String, i32, Record), KafkaError>),
+}
+
+impl Taken {
+    fn main(received: Result<BorrowedMessage<'_>, KafkaError>) -> Self {
+        Taken::Main(received.map(|message| {
+            (
+                message.topic().to_owned(),
+                message.partition(),
+                record_of(&message),
+            )
+        }))
+    }
 }
 
 /// How often the client's positions are compared with the records it handed over.
@@ -382,15 +484,26 @@ fn passed_over(
         .collect()
 }
 
-/// The next message to take, or `None` when only the fetching state changed.
-async fn next_record<'a>(
-    consumer: &'a HistoryConsumer,
+/// The next record (or error) to take, or `None` when only the fetching state changed.
+async fn next_record(
+    consumer: &HistoryConsumer,
     intake: &Intake,
+    split: &mut SplitQueues<HistoryConsumer>,
     max_wait: Duration,
-) -> Option<Result<BorrowedMessage<'a>, KafkaError>> {
+) -> Option<Taken> {
+    let wake = split.wake();
     if !intake.flow(|flow| flow.is_instance_paused()) {
         if intake.room(max_wait).await {
-            return Some(consumer.recv().await);
+            loop {
+                if let Some((tp, taken)) = split.take() {
+                    return Some(Taken::Record(tp, taken));
+                }
+                tokio::select! {
+                    received = consumer.recv() => return Some(Taken::main(received)),
+                    // A partition queue has records (or had, and they were taken since).
+                    _ = wake.notified() => {}
+                }
+            }
         }
         let assigned = intake::assignment(consumer);
         let changes = intake.flow(|flow| flow.pause_instance(&assigned));
@@ -401,6 +514,8 @@ async fn next_record<'a>(
             "the budget stayed full: fetching paused until half of it is free"
         );
     }
+    // Paused: the partition queues keep what they fetched until the budget has room again;
+    // the consumer queue is still polled, for rebalances and errors.
     tokio::select! {
         _ = intake.low() => {
             let changes = intake.flow(|flow| flow.resume_instance());
@@ -408,7 +523,7 @@ async fn next_record<'a>(
             tracing::debug!(level = ?intake.level(), "fetching resumed");
             None
         }
-        received = consumer.recv() => Some(received),
+        received = consumer.recv() => Some(Taken::main(received)),
     }
 }
 
@@ -442,7 +557,7 @@ mod tests {
         let settings = Settings::read_from(None, Some(environment)).unwrap();
         let budget = settings.pipeline.budget();
         let fetch = budget.fetch(3, settings.kafka.max_compression_ratio as usize);
-        consumer_config(&settings.kafka, &budget, &fetch).unwrap()
+        consumer_config(&settings.kafka, &budget, 1, &fetch).unwrap()
     }
 
     /// librdkafka checks the properties against each other only when a client is created.

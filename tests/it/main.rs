@@ -13,6 +13,7 @@ mod commit_guards;
 mod db_faults;
 mod dead_letter_topic;
 mod end_to_end;
+mod fairness;
 mod flow_control;
 mod group_protocols;
 mod handover;

@@ -1,0 +1,246 @@
+//! Each assigned partition's records in a queue of its own, taken in turn.
+//!
+//! By default librdkafka forwards every partition's fetched records into the one consumer
+//! queue, in the order the fetch responses came: a response carries each partition's first
+//! record batch whole (thousands of records), and the prefetch limits count that one queue, so
+//! while it is full nothing is fetched, and the fetch after it is filled by the partitions the
+//! request names first. Taken in that order, the partitions are written one run after another:
+//! under a slow database one at a time, the others waiting for their turn for tens of seconds.
+//!
+//! Here each partition's queue is split off the consumer queue before its fetching starts, so
+//! the prefetch limits (`queued.min.messages`, `queued.max.messages.kbytes`) apply to each
+//! partition, and the service takes one record of each partition that has one in turn. The
+//! consumer queue is still polled, for rebalances, errors and the records of any partition that
+//! was not split.
+//!
+//! The split is made in two steps. In the rebalance callback, before librdkafka starts fetching
+//! the assigned partitions, [`mark_split`] turns the partition's forwarding off: librdkafka
+//! keeps it off when it starts the fetch (`rd_kafka_toppar_op_fetch_start` leaves a queue the
+//! application forwarded alone), so no record of it reaches the consumer queue and none can be
+//! taken out of order. Then the record stream opens the queue ([`SplitQueue::open`]) when it
+//! sees the assignment, and drops it when the partition is revoked. A queue keeps the consumer
+//! it belongs to alive: librdkafka's queues must be destroyed before their client.
+
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{Consumer, ConsumerContext};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::types::RDKafkaRespErr;
+use tokio::sync::Notify;
+
+use crate::domain::{Record, TopicPartition};
+
+/// Turns a partition's forwarding into the consumer queue off, before its fetching starts (in
+/// the rebalance callback, ahead of the assignment). Returns whether it could.
+pub fn mark_split<C: ConsumerContext>(consumer: &impl Consumer<C>, tp: &TopicPartition) -> bool {
+    let Ok(topic) = CString::new(&*tp.topic) else {
+        return false;
+    };
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is the live client; the queue handle made here is destroyed before return.
+    // The flag it sets stays on the partition's queue (librdkafka's own state).
+    unsafe {
+        let queue = rdsys::rd_kafka_queue_get_partition(rk, topic.as_ptr(), tp.partition);
+        if queue.is_null() {
+            return false;
+        }
+        rdsys::rd_kafka_queue_forward(queue, std::ptr::null_mut());
+        rdsys::rd_kafka_queue_destroy(queue);
+    }
+    true
+}
+
+/// One partition's own queue of fetched records.
+pub struct SplitQueue<K> {
+    tp: TopicPartition,
+    queue: NonNull<rdsys::rd_kafka_queue_t>,
+    /// Woken by librdkafka when the queue goes from empty to not empty; the pointer given to
+    /// librdkafka is this `Notify`'s, kept alive by this handle until the callback is off.
+    wake: Arc<Notify>,
+    /// The client the queue belongs to: declared last, dropped after the queue.
+    _client: Arc<K>,
+}
+
+// SAFETY: librdkafka's queues may be polled and destroyed from any thread; this handle is the
+// queue's only owner here, and `take` needs `&mut self`.
+unsafe impl<K: Send + Sync> Send for SplitQueue<K> {}
+
+impl<K> SplitQueue<K> {
+    /// Opens the partition's own queue on `consumer` (splitting it off the consumer queue if
+    /// [`mark_split`] did not); `wake` is notified whenever it goes from empty to not empty.
+    pub fn open<C: ConsumerContext>(
+        consumer: Arc<K>,
+        tp: TopicPartition,
+        wake: Arc<Notify>,
+    ) -> Option<Self>
+    where
+        K: Consumer<C>,
+    {
+        let topic = CString::new(&*tp.topic).ok()?;
+        let rk = consumer.client().native_ptr();
+        // SAFETY: `rk` is alive while `consumer` is, which the handle keeps; the queue is
+        // destroyed in `drop`, after the callback is turned off. The callback's opaque pointer
+        // is `wake`'s, which the handle keeps alive.
+        unsafe {
+            let queue = NonNull::new(rdsys::rd_kafka_queue_get_partition(
+                rk,
+                topic.as_ptr(),
+                tp.partition,
+            ))?;
+            rdsys::rd_kafka_queue_forward(queue.as_ptr(), std::ptr::null_mut());
+            rdsys::rd_kafka_queue_cb_event_enable(
+                queue.as_ptr(),
+                Some(wake_up),
+                Arc::as_ptr(&wake) as *mut std::ffi::c_void,
+            );
+            Some(SplitQueue {
+                tp,
+                queue,
+                wake,
+                _client: consumer,
+            })
+        }
+    }
+
+    pub fn partition(&self) -> &TopicPartition {
+        &self.tp
+    }
+
+    /// The next record (or error) of the partition, if one was fetched; never waits.
+    pub fn take(&mut self) -> Option<Result<Record, KafkaError>> {
+        // SAFETY: the queue is alive until `self` drops; the message is destroyed after its
+        // fields were copied.
+        unsafe {
+            let message = rdsys::rd_kafka_consume_queue(self.queue.as_ptr(), 0);
+            if message.is_null() {
+                return None;
+            }
+            let taken = record_of_native(&*message);
+            rdsys::rd_kafka_message_destroy(message);
+            Some(taken)
+        }
+    }
+}
+
+impl<K> Drop for SplitQueue<K> {
+    fn drop(&mut self) {
+        // SAFETY: the queue is ours and destroyed once, here. Turning the callback off takes
+        // the queue's lock, which a callback under way holds: none runs after this.
+        unsafe {
+            rdsys::rd_kafka_queue_cb_event_enable(self.queue.as_ptr(), None, std::ptr::null_mut());
+            rdsys::rd_kafka_queue_destroy(self.queue.as_ptr());
+        }
+        // `wake` may be dropped now: librdkafka holds no pointer to it any more.
+        let _ = &self.wake;
+    }
+}
+
+unsafe extern "C" fn wake_up(_: *mut rdsys::rd_kafka_t, opaque: *mut std::ffi::c_void) {
+    // SAFETY: the opaque pointer is a `Notify` its queue's handle keeps alive while the
+    // callback is on.
+    let wake = unsafe { &*(opaque as *const Notify) };
+    wake.notify_one();
+}
+
+/// The service's copy of a message taken from a partition queue, or the error it carries (as
+/// rdkafka reports a consumer's message errors).
+///
+/// # Safety
+/// `message` is a live message of librdkafka's.
+unsafe fn record_of_native(message: &rdsys::rd_kafka_message_t) -> Result<Record, KafkaError> {
+    if message.err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+        let code: RDKafkaErrorCode = message.err.into();
+        return Err(if code == RDKafkaErrorCode::PartitionEOF {
+            KafkaError::PartitionEOF(message.partition)
+        } else {
+            KafkaError::MessageConsumption(code)
+        });
+    }
+    // SAFETY: the caller's: key and payload point at `key_len` and `len` bytes, or are null.
+    let bytes = |data: *const std::ffi::c_void, len: usize| {
+        (!data.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) }.to_vec())
+    };
+    let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+    // SAFETY: the caller's; librdkafka only reads the message.
+    let timestamp = unsafe { rdsys::rd_kafka_message_timestamp(message, &mut kind) };
+    Ok(Record {
+        offset: message.offset,
+        key: bytes(message.key, message.key_len),
+        payload: bytes(message.payload, message.len),
+        timestamp_ms: (kind != rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE)
+            .then_some(timestamp),
+    })
+}
+
+/// The open partition queues of the current assignment, taken one record at a time in turn.
+pub struct SplitQueues<K> {
+    queues: Vec<SplitQueue<K>>,
+    /// The queue whose turn is next.
+    next: usize,
+    wake: Arc<Notify>,
+}
+
+impl<K> Default for SplitQueues<K> {
+    fn default() -> Self {
+        SplitQueues {
+            queues: Vec::new(),
+            next: 0,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+}
+
+impl<K> SplitQueues<K> {
+    /// What the queues' callbacks notify.
+    pub fn wake(&self) -> Arc<Notify> {
+        self.wake.clone()
+    }
+
+    /// Adds (or replaces) a partition's queue.
+    pub fn insert(&mut self, queue: SplitQueue<K>) {
+        self.remove(queue.partition());
+        self.queues.push(queue);
+    }
+
+    /// Drops a partition's queue, if it has one: its records left there are not taken.
+    pub fn remove(&mut self, tp: &TopicPartition) {
+        if let Some(at) = self.queues.iter().position(|q| q.partition() == tp) {
+            self.queues.remove(at);
+            if self.next > at {
+                self.next -= 1;
+            }
+        }
+    }
+
+    /// Drops every queue.
+    pub fn clear(&mut self) {
+        self.queues.clear();
+        self.next = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.queues.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queues.is_empty()
+    }
+
+    /// The next record of the partitions in turn, starting after the one that gave the last:
+    /// each partition with records gives one before any gives a second.
+    pub fn take(&mut self) -> Option<(TopicPartition, Result<Record, KafkaError>)> {
+        let count = self.queues.len();
+        for step in 0..count {
+            let at = (self.next + step) % count;
+            if let Some(taken) = self.queues[at].take() {
+                self.next = (at + 1) % count;
+                return Some((self.queues[at].partition().clone(), taken));
+            }
+        }
+        None
+    }
+}
