@@ -517,7 +517,6 @@ async fn start(
         brokers,
         settings.kafka.max_compression_ratio as usize,
     );
-    let per_partition = budget.among(cluster.partitions);
     info!(
         brokers,
         partitions = cluster.partitions,
@@ -525,8 +524,6 @@ async fn start(
         fetch_max_bytes = sizing.fetch.max_bytes,
         partition_fetch_bytes = sizing.fetch.partition_bytes,
         queue_kbytes = budget.queue_kbytes,
-        partition_queue_kbytes = per_partition.queue_kbytes,
-        partition_queue_records = per_partition.queue_records,
         "fetch requests sized: a response from every broker, decompressed, fits the Kafka \
          client's share of pipeline.max_in_flight_bytes"
     );
@@ -543,11 +540,32 @@ async fn start(
              pipeline.max_in_flight_bytes to the value named"
         );
     }
-    let context = context.with_sizing(SizingWatch::new(sizing));
+    let turns = sizing
+        .budget_needed_to_take_turns(settings.pipeline.max_in_flight_bytes, cluster.partitions);
+    match turns {
+        None => info!(
+            partitions = cluster.partitions,
+            "each partition has a queue of its own: partitions take turns"
+        ),
+        Some(needed) => warn!(
+            partitions = cluster.partitions,
+            max_in_flight_bytes = settings.pipeline.max_in_flight_bytes,
+            needed,
+            "partitions are taken in the order they were fetched, not in turn: the Kafka \
+             client's share of pipeline.max_in_flight_bytes cannot hold a record batch of each \
+             partition (about a megabyte each, decompressed); under a slow database one \
+             partition's run is written while the others wait. Raise \
+             pipeline.max_in_flight_bytes to the value named for them to take turns"
+        ),
+    }
+    let split = turns.is_none();
+    let context = context
+        .with_sizing(SizingWatch::new(sizing))
+        .with_split_partitions(split);
     let consumer = match kafka::subscribe(
         &settings.kafka,
         &budget,
-        cluster.partitions,
+        if split { cluster.partitions } else { 1 },
         &sizing.fetch,
         context,
     ) {

@@ -383,22 +383,30 @@ impl TestApp {
     }
 
     /// The end offset of each partition of the topic, asking the broker. A read that times out
-    /// is tried again until [`ENDS_WITHIN`]: the inspector's client follows leaders moved and
-    /// brokers stopped by a test only at its next metadata refresh (a CI run timed out once,
-    /// 5 s after a broker was decommissioned).
+    /// is tried again until [`ENDS_WITHIN`], each time with a client of its own: the
+    /// inspector's client follows leaders moved and brokers stopped by a test only at its next
+    /// metadata refresh, and one kept asking a decommissioned broker for 30 s in a CI run.
     pub async fn ends(&self) -> Vec<i64> {
         let (inspector, topic, partitions) =
             (self.inspector.clone(), self.topic.clone(), self.partitions);
+        let (brokers, group, properties) = (
+            self.brokers.clone(),
+            self.group.clone(),
+            self.client_properties.clone(),
+        );
         tokio::task::spawn_blocking(move || {
             let deadline = Instant::now() + ENDS_WITHIN;
+            let mut asked = inspector.ends(&topic, partitions, Duration::from_secs(5));
             loop {
-                match inspector.ends(&topic, partitions, Duration::from_secs(5)) {
+                match asked {
                     Ok(ends) => return ends,
                     Err(err) if Instant::now() >= deadline => {
                         panic!("the topic's ends are not read within {ENDS_WITHIN:?}: {err}")
                     }
                     Err(_) => {}
                 }
+                asked = GroupInspector::with_properties(&brokers, &group, &properties)
+                    .and_then(|fresh| fresh.ends(&topic, partitions, Duration::from_secs(5)));
             }
         })
         .await

@@ -126,6 +126,8 @@ pub struct SupervisorContext {
     /// Where the lists of done offsets read at an assignment go, and how long the ones written
     /// into commits may be; without it, commits carry none and none are read.
     done_lists: Option<DoneLists>,
+    /// Whether each assigned partition gets a queue of its own ([`super::split_queues`]).
+    split_partitions: bool,
 }
 
 impl SupervisorContext {
@@ -152,6 +154,7 @@ impl SupervisorContext {
             health: Arc::default(),
             sizing: None,
             done_lists: None,
+            split_partitions: false,
         }
     }
 
@@ -178,6 +181,17 @@ impl SupervisorContext {
     pub fn with_sizing(mut self, sizing: SizingWatch) -> Self {
         self.sizing = Some(sizing);
         self
+    }
+
+    /// Gives each assigned partition a queue of its own, taken in turn with the others'.
+    pub fn with_split_partitions(mut self, split: bool) -> Self {
+        self.split_partitions = split;
+        self
+    }
+
+    /// Whether each assigned partition has a queue of its own.
+    pub fn splits_partitions(&self) -> bool {
+        self.split_partitions
     }
 
     /// The client's troubles.
@@ -817,14 +831,14 @@ impl ConsumerContext for SupervisorContext {
             Rebalance::Revoke(tpl) => self.revoke(consumer, tpl),
             // Before librdkafka starts fetching them: their records never reach the consumer
             // queue ([`super::split_queues`]).
-            Rebalance::Assign(tpl) => {
+            Rebalance::Assign(tpl) if self.split_partitions => {
                 for tp in partitions_of(tpl) {
                     if !super::split_queues::mark_split(consumer, &tp) {
                         warn!(%tp, "the partition's queue could not be split off");
                     }
                 }
             }
-            Rebalance::Error(_) => {}
+            Rebalance::Assign(_) | Rebalance::Error(_) => {}
         }
     }
 

@@ -418,6 +418,9 @@ impl Polling {
             RebalanceEvent::Assigned(partitions) => {
                 for (tp, _) in partitions {
                     self.handed.forget(tp);
+                    if !self.consumer.context().splits_partitions() {
+                        continue;
+                    }
                     match SplitQueue::open(self.consumer.clone(), tp.clone(), self.split.wake()) {
                         Some(queue) => self.split.insert(queue),
                         // Its records come through the consumer queue, as they would unsplit.
