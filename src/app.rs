@@ -552,8 +552,8 @@ async fn start(
             max_in_flight_bytes = settings.pipeline.max_in_flight_bytes,
             needed,
             "partitions are taken in the order they were fetched, not in turn: the Kafka \
-             client's share of pipeline.max_in_flight_bytes cannot hold a record batch of each \
-             partition (about a megabyte each, decompressed); under a slow database one \
+             client's share of pipeline.max_in_flight_bytes cannot hold two record batches of \
+             each partition (about a megabyte each, decompressed); under a slow database one \
              partition's run is written while the others wait. Raise \
              pipeline.max_in_flight_bytes to the value named for them to take turns"
         ),
