@@ -323,6 +323,9 @@ pub struct Stats {
     pub dead_lettered: AtomicU64,
     pub retries: AtomicU64,
     pub pauses: AtomicU64,
+    /// Events the database kept rejecting whose retries stopped because their partition was
+    /// revoked: their next owner writes them.
+    pub stuck_handed_over: AtomicU64,
     /// When the first record was fetched: the demo measures its throughput from here.
     pub first_fetch: std::sync::OnceLock<std::time::Instant>,
     /// Whether writes succeed, for readiness.

@@ -551,6 +551,10 @@ impl DbWriter {
             match result {
                 Retry::Revoked => {
                     unstick(&parked.rejection);
+                    writer
+                        .stats
+                        .stuck_handed_over
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     info!(
                         partition = %job.tp,
                         offset = job.offset,

@@ -224,7 +224,8 @@ mod pipeline_level {
         let mut settings =
             test_settings("postgres://unused@127.0.0.1/unused", "x:9092", "g", "t").pipeline;
         settings.commit_interval_ms = 3_600_000;
-        let harness = Harness::start(Pipeline::start(&settings, db.pool(8), Stats::new()));
+        let stats = Stats::new();
+        let harness = Harness::start(Pipeline::start(&settings, db.pool(8), stats.clone()));
         let tp = TopicPartition::new("t", 0);
         harness.assign(&tp, 1).await;
         harness.inject(&tp, records(0..10)).await;
@@ -246,9 +247,21 @@ mod pipeline_level {
             .batch_execute("ALTER TABLE history_events DROP CONSTRAINT stuck")
             .await
             .unwrap();
-        // Well past the longest retry delay: the parked event saw its partition was revoked and
-        // stopped; writing it is the next owner's work.
-        actix_rt::time::sleep(settings.retry_max() * 3).await;
+        // At its next retry the parked event sees its partition was revoked and stops: writing
+        // it is the next owner's work. (Retried regardless, it would be written now.)
+        let deadline = Instant::now() + settings.retry_max() * 3 + Duration::from_secs(10);
+        while stats
+            .stuck_handed_over
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the parked event never stopped; rows: {}",
+                db.count("history_events").await
+            );
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(db.count("history_events").await, 9);
         harness.stop();
     }
