@@ -85,6 +85,13 @@ async fn big_records_wait_within_the_budget_while_the_database_is_away(partition
         m.get("history_assigned_partitions") == Some(partitions as f64)
     })
     .await;
+    // Up to 3 partitions under this budget take turns, each with a queue of its own.
+    let in_turn = if partitions <= 3 {
+        "partitions take turns"
+    } else {
+        "not in turn"
+    };
+    app.wait_for_log(&[in_turn], Duration::from_secs(5)).await;
     let idle_rss_mb = app.process().rss_mb();
     let admin = history_devkit::test_db::admin_client().await;
     admin
@@ -156,6 +163,13 @@ async fn big_records_wait_within_the_budget_while_the_database_is_away(partition
     })
     .await;
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+/// Three partitions under this budget take turns, each with a queue of its own (the client's
+/// half holds two batches of each): the bound holds there too.
+#[actix_rt::test]
+async fn big_records_on_3_partitions_in_turn_wait_within_the_budget_while_the_database_is_away() {
+    big_records_wait_within_the_budget_while_the_database_is_away(3).await;
 }
 
 #[actix_rt::test]
