@@ -374,9 +374,14 @@ pub fn item_stream(
                 let tp = intern(&mut state.known, &topic, partition);
                 items.push(state.hand_over(tp, record));
             }
-            Some(Taken::Record(_, Err(err)) | Taken::Main(Err(err))) => {
+            Some(Taken::Record(_, Err((err, reason)))) => {
+                // Taken from the consumer queue, librdkafka hands a partition's error (a batch
+                // it cannot decompress, at its offset) to the error callback as well: the
+                // client's health reads it there.
+                rdkafka::ClientContext::error(state.consumer.context().as_ref(), err.clone(), &reason);
                 items.push(KafkaItem::Error(err))
             }
+            Some(Taken::Main(Err(err))) => items.push(KafkaItem::Error(err)),
             None => {}
         }
         Some((futures::stream::iter(items), state))
@@ -440,8 +445,8 @@ impl Polling {
 
 /// What a poll took.
 enum Taken {
-    /// From a partition's own queue.
-    Record(TopicPartition, Result<Record, KafkaError>),
+    /// From a partition's own queue: a record, or an error with its description.
+    Record(TopicPartition, split_queues::Fetched),
     /// From the consumer queue: an error, or a record (with its topic and partition) of a
     /// partition that was not split.
     Main(Result<(String, i32, Record), KafkaError>),

@@ -53,6 +53,9 @@ pub fn mark_split<C: ConsumerContext>(consumer: &impl Consumer<C>, tp: &TopicPar
     true
 }
 
+/// What a partition queue hands over: a record, or an error with librdkafka's description.
+pub type Fetched = Result<Record, (KafkaError, String)>;
+
 /// One partition's own queue of fetched records.
 pub struct SplitQueue<K> {
     tp: TopicPartition,
@@ -109,8 +112,9 @@ impl<K> SplitQueue<K> {
         &self.tp
     }
 
-    /// The next record (or error) of the partition, if one was fetched; never waits.
-    pub fn take(&mut self) -> Option<Result<Record, KafkaError>> {
+    /// The next record (or error, with librdkafka's description of it) of the partition, if
+    /// one was fetched; never waits.
+    pub fn take(&mut self) -> Option<Fetched> {
         // SAFETY: the queue is alive until `self` drops; the message is destroyed after its
         // fields were copied.
         unsafe {
@@ -146,18 +150,25 @@ unsafe extern "C" fn wake_up(_: *mut rdsys::rd_kafka_t, opaque: *mut std::ffi::c
 }
 
 /// The service's copy of a message taken from a partition queue, or the error it carries (as
-/// rdkafka reports a consumer's message errors).
+/// rdkafka reports a consumer's message errors) with its description (which names the
+/// partition and offset, where librdkafka knows them: the consumer queue's events hand it to
+/// the client's error callback).
 ///
 /// # Safety
 /// `message` is a live message of librdkafka's.
-unsafe fn record_of_native(message: &rdsys::rd_kafka_message_t) -> Result<Record, KafkaError> {
+unsafe fn record_of_native(message: &rdsys::rd_kafka_message_t) -> Fetched {
     if message.err != RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
         let code: RDKafkaErrorCode = message.err.into();
-        return Err(if code == RDKafkaErrorCode::PartitionEOF {
+        let error = if code == RDKafkaErrorCode::PartitionEOF {
             KafkaError::PartitionEOF(message.partition)
         } else {
             KafkaError::MessageConsumption(code)
-        });
+        };
+        // SAFETY: the caller's; an error message's payload is its description.
+        let reason = unsafe { std::ffi::CStr::from_ptr(rdsys::rd_kafka_message_errstr(message)) }
+            .to_string_lossy()
+            .into_owned();
+        return Err((error, reason));
     }
     // SAFETY: the caller's: key and payload point at `key_len` and `len` bytes, or are null.
     let bytes = |data: *const std::ffi::c_void, len: usize| {
@@ -232,7 +243,7 @@ impl<K> SplitQueues<K> {
 
     /// The next record of the partitions in turn, starting after the one that gave the last:
     /// each partition with records gives one before any gives a second.
-    pub fn take(&mut self) -> Option<(TopicPartition, Result<Record, KafkaError>)> {
+    pub fn take(&mut self) -> Option<(TopicPartition, Fetched)> {
         let count = self.queues.len();
         for step in 0..count {
             let at = (self.next + step) % count;
