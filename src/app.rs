@@ -559,6 +559,7 @@ async fn start(
         ),
     }
     let split = turns.is_none();
+    crate::metrics::set_partitions_in_turn(split);
     let context = context
         .with_sizing(SizingWatch::new(sizing))
         .with_split_partitions(split);

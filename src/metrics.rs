@@ -77,6 +77,7 @@ pub const KAFKA_UNREACHABLE: &str = "history_kafka_unreachable";
 pub const KAFKA_BROKERS: &str = "history_kafka_brokers";
 /// The brokers the consumer's fetch requests were sized for at start-up.
 pub const FETCH_SIZED_BROKERS: &str = "history_fetch_sized_brokers";
+pub const PARTITIONS_IN_TURN: &str = "history_partitions_in_turn";
 /// How much the fetched record batches decompressed by, over the last statistics interval.
 pub const FETCH_COMPRESSION_RATIO: &str = "history_fetch_compression_ratio";
 /// `kafka.max_compression_ratio`, the ratio the fetch requests were sized for.
@@ -226,6 +227,12 @@ pub fn register_families() {
     describe_gauge!(
         FETCH_SIZED_BROKERS,
         "Brokers the consumer's fetch requests were sized for at start-up."
+    );
+    describe_gauge!(
+        PARTITIONS_IN_TURN,
+        "1 when each assigned partition has a queue of its own and the partitions take turns; \
+         0 when records are taken in the order they were fetched (the budget cannot hold two \
+         record batches of each partition)."
     );
     describe_gauge!(
         FETCH_COMPRESSION_RATIO,
@@ -550,6 +557,11 @@ pub fn set_fetch_sizing(brokers: usize, ratio: usize, client_bytes: usize) {
     metrics::gauge!(FETCH_SIZED_BROKERS).set(brokers as f64);
     metrics::gauge!(FETCH_COMPRESSION_RATIO_LIMIT).set(ratio as f64);
     metrics::gauge!(KAFKA_CLIENT_HEAP_LIMIT).set(client_bytes as f64);
+}
+
+/// Whether the partitions take turns ([`crate::kafka::split_queues`]).
+pub fn set_partitions_in_turn(in_turn: bool) {
+    metrics::gauge!(PARTITIONS_IN_TURN).set(if in_turn { 1.0 } else { 0.0 });
 }
 
 /// What the client's statistics say of the cluster and the fetched batches, and what the

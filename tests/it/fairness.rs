@@ -70,6 +70,15 @@ async fn backlogged_partitions_are_written_side_by_side_under_a_slow_database() 
     app.produce(&backlog()).await;
     app.db.slow_each_write(0.02).await;
     app.start();
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_partitions_in_turn").is_some()
+    })
+    .await;
+    assert_eq!(
+        app.metrics().await.get("history_partitions_in_turn"),
+        Some(1.0),
+        "four partitions under the default budget take turns"
+    );
 
     // The first rows: far fewer than one partition's backlog.
     const FIRST: i64 = 400;
