@@ -107,3 +107,31 @@ pub fn run_service_command(
     );
     (output.status.code(), text)
 }
+
+/// Events for each of `partitions` partitions, numbered from `from` to `to` in each.
+pub fn events_in_each(
+    partitions: i32,
+    from: usize,
+    to: usize,
+    prefix: &str,
+) -> Vec<history_devkit::workload::PlannedRecord> {
+    (0..partitions)
+        .flat_map(|partition| {
+            (from..to).map(move |n| {
+                let id = format!("{prefix}-{partition}-{n}");
+                history_devkit::workload::PlannedRecord {
+                    key: format!("ticket-{partition}").into_bytes(),
+                    payload: Some(history_devkit::workload::event_payload(
+                        &id,
+                        &format!("ticket-{partition}"),
+                        "open",
+                        "closed",
+                        chrono::Utc::now(),
+                    )),
+                    partition: Some(partition),
+                    kind: history_devkit::workload::RecordKind::Event { event_id: id },
+                }
+            })
+        })
+        .collect()
+}

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use history_devkit::test_app::TestApp;
-use history_devkit::workload::{self, PlannedRecord, RecordKind};
+use history_devkit::workload::PlannedRecord;
+
+use crate::common::events_in_each;
 
 const PARTITIONS: i32 = 4;
 const EACH: usize = 3_000;
@@ -15,25 +17,7 @@ const EACH: usize = 3_000;
 /// librdkafka producer puts each partition's run into batches of thousands of records, and a
 /// fetch response carries a partition's first batch whole.
 fn backlog() -> Vec<PlannedRecord> {
-    (0..PARTITIONS)
-        .flat_map(|partition| {
-            (0..EACH).map(move |n| {
-                let id = format!("fair-{partition}-{n}");
-                PlannedRecord {
-                    key: format!("ticket-{partition}-{n}").into_bytes(),
-                    payload: Some(workload::event_payload(
-                        &id,
-                        &format!("ticket-{partition}-{n}"),
-                        "open",
-                        "closed",
-                        chrono::Utc::now(),
-                    )),
-                    partition: Some(partition),
-                    kind: RecordKind::Event { event_id: id },
-                }
-            })
-        })
-        .collect()
+    events_in_each(PARTITIONS, 0, EACH, "fair")
 }
 
 /// Rows written so far, per partition.

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use history_devkit::raw_batch;
 use history_devkit::test_app::TestApp;
-use history_devkit::workload::{self, PlannedRecord, RecordKind};
+use history_devkit::workload;
+
+use crate::common::events_in_each;
 
 /// Lines at WARN or ERROR in a log.
 fn complaints(log: &str) -> Vec<&str> {
@@ -110,29 +112,6 @@ async fn the_repeats_of_an_error_that_stopped_are_summarised_after_the_interval(
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(app.stop(), Some(0));
-}
-
-/// Events for each of `partitions` partitions, numbered from `from` to `to` in each.
-fn events_in_each(partitions: i32, from: usize, to: usize, prefix: &str) -> Vec<PlannedRecord> {
-    (0..partitions)
-        .flat_map(|partition| {
-            (from..to).map(move |n| {
-                let id = format!("{prefix}-{partition}-{n}");
-                PlannedRecord {
-                    key: format!("ticket-{partition}").into_bytes(),
-                    payload: Some(workload::event_payload(
-                        &id,
-                        &format!("ticket-{partition}"),
-                        "open",
-                        "closed",
-                        chrono::Utc::now(),
-                    )),
-                    partition: Some(partition),
-                    kind: RecordKind::Event { event_id: id },
-                }
-            })
-        })
-        .collect()
 }
 
 /// Record batches no client can read, at offset 40 and 41 of two of three partitions: one of a
