@@ -451,7 +451,13 @@ pub fn set_consumer_lag(tp: &TopicPartition, lag: i64) {
 }
 
 pub fn set_in_flight(tp: &TopicPartition, len: usize) {
-    metrics::gauge!(IN_FLIGHT, &partition_labels(tp)).set(len as f64);
+    in_flight(tp).set(len as f64);
+}
+
+/// The partition's in-flight gauge, for an owner that sets it at every admit and every move of
+/// its window: looked up once, rather than labels built and found each time.
+pub fn in_flight(tp: &TopicPartition) -> metrics::Gauge {
+    metrics::gauge!(IN_FLIGHT, &partition_labels(tp))
 }
 
 pub fn set_ready(ready: bool) {

@@ -31,6 +31,7 @@ use super::messages::{
     Drain, DrainReport, Epoch, Inherit, InspectWindows, Lost, Parked, Resolved, Revoke,
     StaleOutcomes, TopicPartition, WindowSnapshot, WindowState, WindowUpdate, Withdrawn, WriteJob,
 };
+use crate::domain::PartitionMap;
 use crate::metrics;
 use crate::offsets::{
     DoneOffsets, Generation, OffsetWindow, Rewind, Run, TrackResult, UntrackedOffset,
@@ -61,11 +62,19 @@ struct PartitionWindow {
     /// if the first record comes from below its position (the group's position was moved).
     inherited: Option<Inherited>,
     partition: Recipient<WindowUpdate>,
+    /// `history_in_flight` of the partition, set at every admit and every move.
+    in_flight: ::metrics::Gauge,
 }
 
 impl PartitionWindow {
-    fn new(epoch: Epoch, partition: Recipient<WindowUpdate>, inherited: Option<Inherited>) -> Self {
+    fn new(
+        tp: &TopicPartition,
+        epoch: Epoch,
+        partition: Recipient<WindowUpdate>,
+        inherited: Option<Inherited>,
+    ) -> Self {
         PartitionWindow {
+            in_flight: metrics::in_flight(tp),
             epoch,
             window: OffsetWindow::new(),
             version: 0,
@@ -249,7 +258,7 @@ struct Waiter {
 }
 
 pub struct OffsetCommitter {
-    windows: HashMap<TopicPartition, PartitionWindow>,
+    windows: PartitionMap<PartitionWindow>,
     /// The newest ended epoch of each partition: records and outcomes of an epoch at or below
     /// it belong to a revoked or lost assignment. Set when the revoke begins, so nothing new is
     /// admitted while the partition drains.
@@ -290,7 +299,7 @@ const CATCH_UP_SPACING_DIVISOR: u32 = 20;
 impl OffsetCommitter {
     pub fn new(commit_interval: Duration, dispatcher: Dispatcher) -> Self {
         OffsetCommitter {
-            windows: HashMap::new(),
+            windows: PartitionMap::default(),
             closed: HashMap::new(),
             dispatcher,
             kafka: None,
@@ -484,7 +493,7 @@ impl OffsetCommitter {
             };
             self.windows.insert(
                 msg.tp.clone(),
-                PartitionWindow::new(msg.epoch, msg.partition.clone(), inherited),
+                PartitionWindow::new(&msg.tp, msg.epoch, msg.partition.clone(), inherited),
             );
         }
         let window = self.windows.get_mut(&msg.tp).expect("inserted above");
@@ -517,7 +526,7 @@ impl OffsetCommitter {
             }
         }
         window.version += 1;
-        metrics::set_in_flight(&msg.tp, window.window.len());
+        window.in_flight.set(window.window.len() as f64);
         Ok((jobs, window.state()))
     }
 
@@ -691,7 +700,7 @@ impl Handler<Resolved> for OffsetCommitter {
             let window = self.windows.get_mut(&tp).expect("moved windows exist");
             window.version += 1;
             caught_up |= window.window.is_empty();
-            metrics::set_in_flight(&tp, window.window.len());
+            window.in_flight.set(window.window.len() as f64);
             window.partition.do_send(WindowUpdate {
                 epoch: window.epoch,
                 window: window.state(),

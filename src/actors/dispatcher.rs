@@ -16,7 +16,8 @@ pub struct WriterLink {
 
 pub struct Dispatcher {
     writers: Vec<WriterLink>,
-    router: std::collections::hash_map::RandomState,
+    /// Hashes every event's id: foldhash rather than SipHash, a tenth of the cost.
+    router: foldhash::fast::RandomState,
 }
 
 impl Dispatcher {

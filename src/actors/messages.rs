@@ -107,8 +107,10 @@ pub struct WindowUpdate {
 #[derive(Debug, Clone)]
 pub enum Work {
     /// Record the event (the per-event transaction, batched); its record's bytes come along,
-    /// for a dead letter if it turns out to conflict with the stored row.
-    Event(DecodedEvent),
+    /// for a dead letter if it turns out to conflict with the stored row. Boxed: a job moves
+    /// about eight times between the fetch and its transaction (queues, messages, batches),
+    /// and the event with its bytes is most of its size.
+    Event(Box<DecodedEvent>),
     /// Store the undecodable record in the dead-letter table.
     DeadLetter(DeadLetter),
 }

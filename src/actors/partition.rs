@@ -77,14 +77,14 @@ impl PartitionActor {
         let work = match HistoryEvent::decode(record.payload.as_deref(), max_payload) {
             Ok(event) => {
                 span.record("event_id", event.event_id.as_str());
-                Work::Event(DecodedEvent {
+                Work::Event(Box::new(DecodedEvent {
                     event,
                     record: RecordBytes {
                         key: record.key,
                         payload: record.payload,
                         timestamp_ms: record.timestamp_ms,
                     },
-                })
+                }))
             }
             Err(error) => {
                 warn!(

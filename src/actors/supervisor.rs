@@ -4,12 +4,10 @@
 //! intake's one fetching policy, which the stream also uses to pause the whole instance), and
 //! performs the commits the OffsetCommitter asks for.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use futures::StreamExt;
 
 use rdkafka::consumer::Consumer;
 use tracing::{debug, info};
@@ -22,6 +20,7 @@ use super::messages::{
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
 use super::trace_check::TraceCheck;
+use crate::domain::PartitionMap;
 use crate::domain::flow::{Changes, FlowPolicy};
 use crate::health::DatabaseBehind;
 use crate::kafka::commit_worker::CommitWorker;
@@ -29,9 +28,6 @@ use crate::kafka::intake;
 use crate::kafka::reset_watch::ResetWatch;
 use crate::kafka::topic_watch::TopicWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
-
-/// Most items handled in one go; a chunk is split per partition into `Records` messages.
-const CHUNK: usize = 1024;
 
 /// Longest the stream waits for room in the budget before it pauses every partition and polls
 /// the client for rebalance callbacks alone. Far above a healthy write (tens of milliseconds),
@@ -43,7 +39,7 @@ pub struct KafkaSupervisor {
     consumer: Option<Arc<HistoryConsumer>>,
     commits: Option<CommitWorker>,
     pipeline: Pipeline,
-    partitions: HashMap<TopicPartition, Assigned>,
+    partitions: PartitionMap<Assigned>,
     fetching: Option<SpawnHandle>,
     /// Tells records skipped by an offset reset from gaps, off this thread.
     resets: ResetWatch,
@@ -80,7 +76,7 @@ impl KafkaSupervisor {
             consumer: Some(consumer),
             commits: Some(commits),
             pipeline,
-            partitions: HashMap::new(),
+            partitions: PartitionMap::default(),
             fetching: None,
             resets,
             _topics: topics,
@@ -204,7 +200,7 @@ impl Actor for KafkaSupervisor {
         ctx.set_mailbox_capacity(1024);
         if let Some(consumer) = self.consumer.clone() {
             let intake = self.pipeline.intake().clone();
-            let stream = item_stream(consumer, intake, ROOM_MAX_WAIT).ready_chunks(CHUNK);
+            let stream = item_stream(consumer, intake, ROOM_MAX_WAIT);
             self.fetching = Some(ctx.add_stream(stream));
         }
         // Summaries of repeated client errors are due even when the errors stopped.
@@ -218,8 +214,8 @@ impl Actor for KafkaSupervisor {
 
 impl StreamHandler<Vec<KafkaItem>> for KafkaSupervisor {
     fn handle(&mut self, items: Vec<KafkaItem>, ctx: &mut Context<Self>) {
-        // Records of consecutive items are grouped per partition, in order; a rebalance event
-        // first delivers what came before it.
+        // A turn of the stream's items: records are grouped per partition, in order, into one
+        // `Records` message each; a rebalance event first delivers what came before it.
         let mut runs: Vec<(TopicPartition, Vec<(Record, Held)>)> = Vec::new();
         for item in items {
             match item {

@@ -106,7 +106,7 @@ impl<T> Job<T> {
 /// A batch of jobs, split by kind.
 #[derive(Default)]
 struct Batch {
-    events: Vec<Job<DecodedEvent>>,
+    events: Vec<Job<Box<DecodedEvent>>>,
     letters: Vec<Job<DeadLetter>>,
 }
 
@@ -209,7 +209,7 @@ impl std::fmt::Display for Rejection {
 
 /// An event the database rejects by itself, retried alone (its outcome stays Unknown).
 struct ParkedEvent {
-    job: Job<DecodedEvent>,
+    job: Job<Box<DecodedEvent>>,
     rejection: Rejection,
     /// The delays between its attempts.
     backoff: Backoff,
@@ -223,7 +223,7 @@ struct BatchResult {
     /// Reason codes of the dead letters stored.
     dead_letter_reasons: Vec<&'static str>,
     /// Events the database rejected by themselves (isolated by bisecting the batch).
-    rejected: Vec<(Job<DecodedEvent>, Rejection)>,
+    rejected: Vec<(Job<Box<DecodedEvent>>, Rejection)>,
     /// Jobs whose outcome is Unknown for a reason not about them (an outage), with the error.
     failed: Option<(Batch, StoreError)>,
     /// Jobs attempted.
@@ -419,7 +419,7 @@ impl DbWriter {
     /// Sets an event the database rejects aside: it is retried alone, with backoff, while the
     /// writer goes on with other jobs. Its outcome stays Unknown, so its partition's position
     /// waits at its offset (and the partition's window fills and pauses it, alone).
-    fn park(&mut self, job: Job<DecodedEvent>, rejection: Rejection, ctx: &mut Context<Self>) {
+    fn park(&mut self, job: Job<Box<DecodedEvent>>, rejection: Rejection, ctx: &mut Context<Self>) {
         self.stats.outcomes(OutcomeClass::Unknown, 1);
         self.stats.retry();
         metrics::set_stuck_event(
@@ -715,7 +715,7 @@ async fn execute(
         match write_events(&repository, publisher.as_deref(), &stats, &events).await {
             Ok(classes) => resolved.extend(events.iter().map(Job::position).zip(classes)),
             Err(err) if rejection(&err).is_some() => {
-                let attempt = |chunk: &[Job<DecodedEvent>]| {
+                let attempt = |chunk: &[Job<Box<DecodedEvent>>]| {
                     let (repository, publisher, stats, chunk) = (
                         repository.clone(),
                         publisher.clone(),
@@ -785,7 +785,7 @@ async fn write_events(
     repository: &PgHistoryRepository,
     publisher: Option<&DeadLetterPublisher>,
     stats: &Stats,
-    events: &[Job<DecodedEvent>],
+    events: &[Job<Box<DecodedEvent>>],
 ) -> Result<Vec<OutcomeClass>, StoreError> {
     let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item.event).collect();
     let resolutions = repository
@@ -812,10 +812,10 @@ async fn keep_conflicts(
     repository: &PgHistoryRepository,
     publisher: Option<&DeadLetterPublisher>,
     stats: &Stats,
-    events: &[Job<DecodedEvent>],
+    events: &[Job<Box<DecodedEvent>>],
     classes: &[OutcomeClass],
 ) -> Result<(), StoreError> {
-    let duplicates: Vec<&Job<DecodedEvent>> = events
+    let duplicates: Vec<&Job<Box<DecodedEvent>>> = events
         .iter()
         .zip(classes)
         .filter(|(_, class)| **class == OutcomeClass::AlreadyApplied)

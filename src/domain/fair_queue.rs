@@ -24,7 +24,7 @@ pub struct FairQueue<K, T> {
     /// Each key's item indices, at a slot that stays the key's (keys are partitions: few, and a
     /// revoked one's empty slot costs a few words), so a take indexes instead of hashing.
     slots: Vec<VecDeque<u32>>,
-    slot_of: HashMap<K, usize>,
+    slot_of: HashMap<K, usize, foldhash::fast::RandomState>,
     /// The slots with items, in the order they are served next.
     turn: VecDeque<usize>,
     /// The last key pushed and its slot: a writer is handed runs of one partition.
@@ -38,7 +38,7 @@ impl<K, T> Default for FairQueue<K, T> {
             items: Vec::new(),
             free: Vec::new(),
             slots: Vec::new(),
-            slot_of: HashMap::new(),
+            slot_of: HashMap::default(),
             turn: VecDeque::new(),
             last: None,
             len: 0,

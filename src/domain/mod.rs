@@ -30,6 +30,6 @@ pub use outcome::{
     process_history_once,
 };
 pub use values::{
-    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Generation, Record,
-    TopicPartition,
+    CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Generation, PartitionMap,
+    Record, TopicPartition,
 };

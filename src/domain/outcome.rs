@@ -202,7 +202,10 @@ struct BatchPlan<'a> {
 
 impl<'a> BatchPlan<'a> {
     fn new(events: &'a [&'a HistoryEvent]) -> Self {
-        let mut slots: HashMap<&str, usize> = HashMap::with_capacity(events.len());
+        // Every event of every batch is hashed here: the standard SipHash cost more than the
+        // rest of the plan (its keys are event ids, deduplicated within one batch only).
+        let mut slots: HashMap<&str, usize, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(events.len(), Default::default());
         let mut first_of_id = Vec::with_capacity(events.len());
         let id_slot = events
             .iter()

@@ -21,10 +21,32 @@ pub type Epoch = u64;
 pub type Generation = u32;
 
 /// A topic and partition, cheap to clone.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Eq, PartialOrd, Ord)]
 pub struct TopicPartition {
     pub topic: Arc<str>,
     pub partition: i32,
+}
+
+/// A map keyed by partition, with a hasher quicker than the standard one: looked up for every
+/// record on the way through the service.
+pub type PartitionMap<V> =
+    std::collections::HashMap<TopicPartition, V, foldhash::fast::RandomState>;
+
+impl PartialEq for TopicPartition {
+    fn eq(&self, other: &Self) -> bool {
+        // The partition first, and the topic's text only when it is not the same allocation:
+        // compared for every record.
+        self.partition == other.partition
+            && (Arc::ptr_eq(&self.topic, &other.topic) || self.topic == other.topic)
+    }
+}
+
+impl std::hash::Hash for TopicPartition {
+    // What the derived one hashed; written out because equality is.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.topic.hash(state);
+        self.partition.hash(state);
+    }
 }
 
 impl TopicPartition {
@@ -250,5 +272,28 @@ impl DeadLetter {
             field: error.field().map(|field| field.name()),
             record_timestamp: timestamp_ms.and_then(DateTime::<Utc>::from_timestamp_millis),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::*;
+
+    #[test]
+    fn partitions_are_equal_by_topic_text_and_number_whatever_the_allocation() {
+        let a = TopicPartition::new("tickets", 3);
+        let same_text = TopicPartition::new("tickets", 3);
+        assert!(!Arc::ptr_eq(&a.topic, &same_text.topic));
+        assert_eq!(a, same_text);
+        assert_eq!(a, a.clone());
+        assert_ne!(a, TopicPartition::new("tickets", 4));
+        assert_ne!(a, TopicPartition::new("tickets2", 3));
+        let hasher = foldhash::fast::RandomState::default();
+        assert_eq!(hasher.hash_one(&a), hasher.hash_one(&same_text));
+        let mut map = PartitionMap::default();
+        map.insert(a, 1);
+        assert_eq!(map.get(&same_text), Some(&1));
     }
 }

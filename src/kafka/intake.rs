@@ -100,6 +100,11 @@ impl Intake {
         ))
     }
 
+    /// Whether the budget has room now.
+    pub fn has_room(&self) -> bool {
+        self.budget.has_room()
+    }
+
     /// Returns true once the budget has room, false if it had none within `max_wait`.
     pub async fn room(&self, max_wait: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + max_wait;

@@ -27,7 +27,7 @@ pub mod topic_watch;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -316,25 +316,31 @@ pub fn subscribe(
     Ok(Arc::new(consumer))
 }
 
-/// The consumer as a stream of items. Rebalance callbacks run while the consumer is polled, so
-/// the events they queue are yielded before the record that poll returned. Each assigned
-/// partition's records come from a queue of its own ([`split_queues`]), one partition's record
-/// after another's. A record is taken from the client only while the `intake` has room; when it
-/// had none for `max_wait`, every partition is paused and the client polled for callbacks alone
-/// until the service holds half of its budget ([`intake`]).
+/// Most records taken from the client in one turn of the stream (a turn waits only for its
+/// first record; the rest are those the client already holds, while the budget has room).
+const RECORDS_PER_TURN: usize = 1024;
+
+/// The consumer as a stream of items, in turns: each turn waits for the first record (or a
+/// rebalance, or the fetching state to change), then takes what the client already holds
+/// without waiting, up to `RECORDS_PER_TURN` and while the budget has room. Rebalance
+/// callbacks run while the consumer queue is polled, so the events they queue are yielded
+/// before the record that poll returned. Each assigned partition's records come from a queue of
+/// its own ([`split_queues`]), one partition's record after another's. A record is taken from
+/// the client only while the `intake` has room; when it had none for `max_wait`, every
+/// partition is paused and the client polled for callbacks alone until the service holds half
+/// of its budget ([`intake`]).
 pub fn item_stream(
     consumer: Arc<HistoryConsumer>,
     intake: Arc<Intake>,
     max_wait: Duration,
-) -> impl Stream<Item = KafkaItem> {
-    let known: Vec<TopicPartition> = Vec::new();
+) -> impl Stream<Item = Vec<KafkaItem>> {
     let mut positions = tokio::time::interval(PASSED_OVER_CHECK);
     positions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let state = Polling {
         split: SplitQueues::default(),
         consumer,
         intake,
-        known,
+        known: Vec::new(),
         handed: HandedOver::default(),
         positions,
     };
@@ -349,18 +355,8 @@ pub fn item_stream(
             }
             received = next_record(&state.consumer, &state.intake, &mut state.split, max_wait) => received,
         };
-        let mut items: Vec<KafkaItem> = state
-            .consumer
-            .context()
-            .take_events()
-            .into_iter()
-            .map(KafkaItem::Rebalance)
-            .collect();
-        for item in &items {
-            if let KafkaItem::Rebalance(event) = item {
-                state.follow(event);
-            }
-        }
+        let mut items = Vec::new();
+        state.rebalances(&mut items);
         if check_positions {
             items.extend(passed_over(
                 &state.consumer,
@@ -368,25 +364,23 @@ pub fn item_stream(
                 &mut state.handed,
             ));
         }
-        match received {
-            Some(Taken::Record(tp, Ok(record))) => items.push(state.hand_over(tp, record)),
-            Some(Taken::Main(Ok((topic, partition, record)))) => {
-                let tp = intern(&mut state.known, &topic, partition);
-                items.push(state.hand_over(tp, record));
+        let paused = state.intake.flow(|flow| flow.is_instance_paused());
+        let Some(first) = received else {
+            return Some((items, state));
+        };
+        let mut taken = 1;
+        let mut next = Some(first);
+        while let Some(received) = next.take() {
+            state.take(received, paused, &mut items);
+            // Paused, the stream only polls for callbacks: one record at a time.
+            if paused || taken == RECORDS_PER_TURN || !state.intake.has_room() {
+                break;
             }
-            Some(Taken::Record(_, Err((err, reason)))) => {
-                // Taken from the consumer queue, librdkafka hands a partition's error (a batch
-                // it cannot decompress, at its offset) to the error callback as well: the
-                // client's health reads it there.
-                rdkafka::ClientContext::error(state.consumer.context().as_ref(), err.clone(), &reason);
-                items.push(KafkaItem::Error(err))
-            }
-            Some(Taken::Main(Err(err))) => items.push(KafkaItem::Error(err)),
-            None => {}
+            next = state.ready();
+            taken += 1;
         }
-        Some((futures::stream::iter(items), state))
+        Some((items, state))
     })
-    .flatten()
 }
 
 /// What the record stream polls with.
@@ -401,13 +395,60 @@ struct Polling {
 }
 
 impl Polling {
+    /// The rebalance events the callbacks queued, in order, with the partition queues
+    /// following them.
+    fn rebalances(&mut self, items: &mut Vec<KafkaItem>) {
+        for event in self.consumer.context().take_events() {
+            self.follow(&event);
+            items.push(KafkaItem::Rebalance(event));
+        }
+    }
+
+    /// What the client holds already, without waiting: a partition queue's next record in
+    /// turn, or else the consumer queue's next item (whose poll may run rebalance callbacks).
+    fn ready(&mut self) -> Option<Taken> {
+        if let Some((tp, taken)) = self.split.take() {
+            return Some(Taken::Record(tp, taken));
+        }
+        let received = self.consumer.recv().now_or_never()?;
+        Some(Taken::main(received))
+    }
+
+    /// Adds what a poll took to the turn's items: a record with its share of the budget, or
+    /// an error. A poll of the consumer queue may have run rebalance callbacks: their events
+    /// go first.
+    fn take(&mut self, received: Taken, paused: bool, items: &mut Vec<KafkaItem>) {
+        if matches!(received, Taken::Main(_)) {
+            self.rebalances(items);
+        }
+        match received {
+            Taken::Record(tp, Ok(record)) => items.push(self.hand_over(tp, record, paused)),
+            Taken::Main(Ok((topic, partition, record))) => {
+                let tp = intern(&mut self.known, &topic, partition);
+                items.push(self.hand_over(tp, record, paused));
+            }
+            Taken::Record(_, Err((err, reason))) => {
+                // Taken from the consumer queue, librdkafka hands a partition's error (a batch
+                // it cannot decompress, at its offset) to the error callback as well: the
+                // client's health reads it there.
+                rdkafka::ClientContext::error(
+                    self.consumer.context().as_ref(),
+                    err.clone(),
+                    &reason,
+                );
+                items.push(KafkaItem::Error(err))
+            }
+            Taken::Main(Err(err)) => items.push(KafkaItem::Error(err)),
+        }
+    }
+
     /// A record taken from the client, with its share of the budget.
-    fn hand_over(&mut self, tp: TopicPartition, record: Record) -> KafkaItem {
+    fn hand_over(&mut self, tp: TopicPartition, record: Record, paused: bool) -> KafkaItem {
         // A record came from a broker: whatever said they were all down is over.
         self.consumer.context().health().broker_up();
         self.handed.record(&tp, record.offset);
         let held = self.intake.take(&record);
-        if self.intake.flow(|flow| flow.is_instance_paused()) {
+        if paused {
             // Assigned after the pause: kept (it is counted), and paused with the rest.
             let changes = self
                 .intake

@@ -9,14 +9,12 @@
 //! every record the client handed over before is counted: past the last of them, the offsets
 //! in between held no record this service is to see.
 
-use std::collections::HashMap;
-
-use crate::domain::TopicPartition;
+use crate::domain::{PartitionMap, TopicPartition};
 
 /// What was handed over in each partition's current assignment.
 #[derive(Debug, Default)]
 pub struct HandedOver {
-    partitions: HashMap<TopicPartition, Seen>,
+    partitions: PartitionMap<Seen>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]

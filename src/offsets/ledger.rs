@@ -19,27 +19,27 @@
 //! those of the one before — that is the log's truth now — and a position of an earlier
 //! generation is never sent after one of a later one.
 
-use std::collections::HashMap;
-
-use crate::domain::{CommitOutcome, CommitPosition, Epoch, Generation, TopicPartition};
+use crate::domain::{
+    CommitOutcome, CommitPosition, Epoch, Generation, PartitionMap, TopicPartition,
+};
 
 #[derive(Debug)]
 pub struct CommitLedger {
     /// The epoch of each partition assigned here now.
-    epochs: HashMap<TopicPartition, Epoch>,
+    epochs: PartitionMap<Epoch>,
     /// The newest position the broker confirmed for the partition's current epoch.
-    confirmed: HashMap<TopicPartition, Mark>,
+    confirmed: PartitionMap<Mark>,
     /// The highest position queued for the partition's current epoch, answered or not.
-    queued: HashMap<TopicPartition, Mark>,
+    queued: PartitionMap<Mark>,
     next_epoch: Epoch,
 }
 
 impl Default for CommitLedger {
     fn default() -> Self {
         CommitLedger {
-            epochs: HashMap::new(),
-            confirmed: HashMap::new(),
-            queued: HashMap::new(),
+            epochs: PartitionMap::default(),
+            confirmed: PartitionMap::default(),
+            queued: PartitionMap::default(),
             next_epoch: 1,
         }
     }

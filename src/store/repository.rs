@@ -170,7 +170,7 @@ impl HistoryTransaction for PgTransaction {
             self.conn.client.query(&statement, &params).await?
         };
         // The statement answers the events whose marker was already there.
-        let already: std::collections::HashSet<&str> =
+        let already: std::collections::HashSet<&str, foldhash::fast::RandomState> =
             rows.iter().map(|row| row.get::<_, &str>(0)).collect();
         Ok(events
             .iter()
