@@ -191,17 +191,18 @@ impl HistoryEvent {
 
 /// The string fields as found in the payload, before validation; slots follow [`Field::index`].
 #[derive(Default)]
-struct RawPayload {
-    fields: [Option<String>; 5],
+struct RawPayload<'de> {
+    fields: [Option<Cow<'de, str>>; 5],
 }
 
-impl RawPayload {
+impl RawPayload<'_> {
     fn validate(self) -> Result<HistoryEvent, DecodeError> {
         let [event_id, ticket_id, from_status, to_status, changed_at] = self.fields;
-        let event_id = checked_text(Field::EventId, event_id)?;
-        let ticket_id = checked_text(Field::TicketId, ticket_id)?;
-        let from_status = checked_text(Field::FromStatus, from_status)?;
-        let to_status = checked_text(Field::ToStatus, to_status)?;
+        let event_id = checked_text(Field::EventId, event_id)?.into_owned();
+        let ticket_id = checked_text(Field::TicketId, ticket_id)?.into_owned();
+        let from_status = checked_text(Field::FromStatus, from_status)?.into_owned();
+        let to_status = checked_text(Field::ToStatus, to_status)?.into_owned();
+        // Parsed where it lies: only the instant is kept.
         let changed_at_text = checked_text(Field::ChangedAt, changed_at)?;
         let changed_at = DateTime::parse_from_rfc3339(&changed_at_text)
             .map(storable_instant)
@@ -218,7 +219,7 @@ impl RawPayload {
     }
 }
 
-fn checked_text(field: Field, value: Option<String>) -> Result<String, DecodeError> {
+fn checked_text(field: Field, value: Option<Cow<'_, str>>) -> Result<Cow<'_, str>, DecodeError> {
     let value = value.ok_or(DecodeError::MissingField { field })?;
     if value.trim().is_empty() {
         return Err(DecodeError::EmptyField { field });
@@ -236,7 +237,13 @@ fn checked_text(field: Field, value: Option<String>) -> Result<String, DecodeErr
         }
     }
     // PostgreSQL `text` cannot hold NUL, and control characters in identifiers are producer bugs.
-    if value.chars().any(char::is_control) {
+    // ASCII text (the usual) by its bytes: the same characters, without decoding each one.
+    let control = if value.is_ascii() {
+        value.bytes().any(|byte| byte.is_ascii_control())
+    } else {
+        value.chars().any(char::is_control)
+    };
+    if control {
         return Err(DecodeError::ControlCharacter { field });
     }
     Ok(value)
@@ -254,7 +261,7 @@ fn classify_json_error(err: serde_json::Error) -> DecodeError {
 enum Json<'de> {
     Text(Cow<'de, str>),
     /// Boxed: every value the visitor returns is this enum, and most are small.
-    Payload(Box<Result<RawPayload, DecodeError>>),
+    Payload(Box<Result<RawPayload<'de>, DecodeError>>),
     Other(&'static str),
 }
 
@@ -344,7 +351,7 @@ impl<'de> Visitor<'de> for JsonVisitor {
 /// still reported as one.
 fn read_payload<'de, A: MapAccess<'de>>(
     mut map: A,
-) -> Result<Result<RawPayload, DecodeError>, A::Error> {
+) -> Result<Result<RawPayload<'de>, DecodeError>, A::Error> {
     let mut raw = RawPayload::default();
     let mut first_error = None;
     while let Some(key) = map.next_key_seed(JsonVisitor::NESTED)? {
@@ -364,7 +371,7 @@ fn read_payload<'de, A: MapAccess<'de>>(
         let slot = &mut raw.fields[field.index()];
         match value {
             _ if slot.is_some() => first_error = Some(DecodeError::DuplicateField { field }),
-            Json::Text(text) => *slot = Some(text.into_owned()),
+            Json::Text(text) => *slot = Some(text),
             other => {
                 first_error = Some(DecodeError::WrongType {
                     field,
