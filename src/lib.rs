@@ -22,6 +22,19 @@
 //!    checks: [`config::Settings::load`]) and runs it until shutdown; [`http`]: metrics and
 //!    health endpoints; [`cli`]: the commands of the `history-service` binary.
 //!
+//! # A record's path
+//!
+//! 1. `kafka/split_queues.rs` — fetched into its partition's own queue, taken in turn;
+//! 2. `kafka/mod.rs` (`item_stream`) — taken from the client in turns, while
+//!    `kafka/intake.rs` says the budget (`domain/budget.rs`) has room;
+//! 3. `actors/supervisor.rs` — grouped per partition, counted by `actors/inflow.rs`;
+//! 4. `actors/partition.rs` — decoded (`domain/decode.rs`), queued for its window;
+//! 5. `actors/committer.rs` — admitted to the window (`offsets/window.rs`), routed by
+//!    `actors/dispatcher.rs`;
+//! 6. `actors/writer.rs` — batched with other partitions' (`domain/fair_queue.rs`), written by
+//!    `domain/outcome.rs` through `store/repository.rs`; the outcome back to the committer;
+//! 7. `kafka/commit_worker.rs` — the window's position committed, in order (`offsets/ledger.rs`).
+//!
 //! The development kit (embedded broker, workloads, demo, benchmark) lives apart, in the
 //! `history-devkit` crate (`devkit/`), and is not linked into the production binary.
 
