@@ -250,6 +250,15 @@ struct Withdrawal {
 /// the next owner.
 const DRAIN_UNDER_WAY_GRACE: Duration = Duration::from_secs(1);
 
+/// Where the committer is in its life: [`Drain`] (shutdown) ends admission for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Records are admitted to their partitions' windows.
+    Admitting,
+    /// Shutdown has begun: nothing new is admitted, what is in flight is let resolve.
+    Draining,
+}
+
 /// A revoke or drain waiting for its partitions' in-flight records to resolve.
 struct Waiter {
     id: u64,
@@ -266,8 +275,7 @@ pub struct OffsetCommitter {
     dispatcher: Dispatcher,
     kafka: Option<Recipient<CommitOffsets>>,
     commit_interval: Duration,
-    /// Set by Drain: no new records are admitted once shutdown has begun.
-    draining: bool,
+    phase: Phase,
     /// Lists of done offsets of assignments whose first records have not come yet.
     inherited: HashMap<TopicPartition, (Epoch, Inherited)>,
     waiters: Vec<Waiter>,
@@ -304,7 +312,7 @@ impl OffsetCommitter {
             dispatcher,
             kafka: None,
             commit_interval,
-            draining: false,
+            phase: Phase::Admitting,
             inherited: HashMap::new(),
             waiters: Vec::new(),
             next_waiter: 0,
@@ -473,7 +481,7 @@ impl OffsetCommitter {
     /// below an offset already tracked means the log moved back, see [`OffsetWindow`]); returns
     /// the jobs to write.
     fn admit(&mut self, msg: Admit) -> Result<(Vec<WriteJob>, WindowState), ()> {
-        if self.draining || self.is_closed(&msg.tp, msg.epoch) {
+        if self.phase == Phase::Draining || self.is_closed(&msg.tp, msg.epoch) {
             return Err(());
         }
         let newer = self
@@ -819,7 +827,7 @@ impl Handler<Revoke> for OffsetCommitter {
             .collect();
         self.withdraw(&revoked, false);
         // Once shutdown drained, whatever is left stays unresolved: do not wait for it twice.
-        let deadline = if self.draining {
+        let deadline = if self.phase == Phase::Draining {
             Duration::ZERO
         } else {
             msg.deadline
@@ -902,7 +910,7 @@ impl Handler<Drain> for OffsetCommitter {
     type Result = ResponseActFuture<Self, DrainReport>;
 
     fn handle(&mut self, msg: Drain, ctx: &mut Context<Self>) -> Self::Result {
-        self.draining = true;
+        self.phase = Phase::Draining;
         info!(
             in_flight = self.in_flight(&Scope::All),
             "draining in-flight records"

@@ -36,17 +36,76 @@ use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 const ROOM_MAX_WAIT: Duration = Duration::from_millis(500);
 
 pub struct KafkaSupervisor {
-    consumer: Option<Arc<HistoryConsumer>>,
-    commits: Option<CommitWorker>,
+    phase: Phase,
     pipeline: Pipeline,
     partitions: PartitionMap<Assigned>,
-    fetching: Option<SpawnHandle>,
     /// Tells records skipped by an offset reset from gaps, off this thread.
     resets: ResetWatch,
     /// Watches that the configured topics exist (ends when dropped).
     _topics: Option<TopicWatch>,
     /// Checks each assignment's committed position against the database.
     traces: Option<Traces>,
+}
+
+/// Where the supervisor is in its life. Each transition is a method that takes the phase and
+/// gives the next, so what a phase no longer holds (the record stream, the client) cannot be
+/// reached after it.
+enum Phase {
+    /// Built, not yet started: the stream is added when the actor starts.
+    Starting(Client),
+    /// Fetching records.
+    Consuming {
+        client: Client,
+        fetching: SpawnHandle,
+    },
+    /// Fetching stopped (shutdown, step 1); commits are still made, the final one included.
+    Draining(Client),
+    /// The client was handed to the thread that closes it (shutdown, step 3).
+    Closed,
+}
+
+/// The Kafka client and the worker that makes its commits, which live and close together.
+struct Client {
+    consumer: Arc<HistoryConsumer>,
+    commits: CommitWorker,
+}
+
+impl Phase {
+    fn client(&self) -> Option<&Client> {
+        match self {
+            Phase::Starting(client) | Phase::Consuming { client, .. } | Phase::Draining(client) => {
+                Some(client)
+            }
+            Phase::Closed => None,
+        }
+    }
+
+    /// Starting → Consuming, once the record stream runs under `fetching`.
+    fn consuming(self, fetching: SpawnHandle) -> Phase {
+        match self {
+            Phase::Starting(client) => Phase::Consuming { client, fetching },
+            other => other,
+        }
+    }
+
+    /// Starting or Consuming → Draining; answers the stream to cancel, if one runs.
+    fn draining(self) -> (Phase, Option<SpawnHandle>) {
+        match self {
+            Phase::Starting(client) => (Phase::Draining(client), None),
+            Phase::Consuming { client, fetching } => (Phase::Draining(client), Some(fetching)),
+            other => (other, None),
+        }
+    }
+
+    /// Any phase → Closed; answers the client to close, unless it was handed over before.
+    fn close(self) -> Option<Client> {
+        match self {
+            Phase::Starting(client) | Phase::Consuming { client, .. } | Phase::Draining(client) => {
+                Some(client)
+            }
+            Phase::Closed => None,
+        }
+    }
 }
 
 /// The check of each new assignment against the database, and where it reports.
@@ -73,11 +132,9 @@ impl KafkaSupervisor {
             .topic_watch()
             .map(|settings| TopicWatch::start(Arc::downgrade(&consumer), settings.clone()));
         KafkaSupervisor {
-            consumer: Some(consumer),
-            commits: Some(commits),
+            phase: Phase::Starting(Client { consumer, commits }),
             pipeline,
             partitions: PartitionMap::default(),
-            fetching: None,
             resets,
             _topics: topics,
             traces: None,
@@ -92,7 +149,14 @@ impl KafkaSupervisor {
     }
 
     fn consumer(&self) -> Option<&HistoryConsumer> {
-        self.consumer.as_deref()
+        self.phase.client().map(|client| &*client.consumer)
+    }
+
+    /// Moves to the phase `transition` gives.
+    fn advance<R>(&mut self, transition: impl FnOnce(Phase) -> (Phase, R)) -> R {
+        let (next, result) = transition(std::mem::replace(&mut self.phase, Phase::Closed));
+        self.phase = next;
+        result
     }
 
     fn rebalanced(&mut self, event: RebalanceEvent, ctx: &mut Context<Self>) {
@@ -198,10 +262,11 @@ impl Actor for KafkaSupervisor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(1024);
-        if let Some(consumer) = self.consumer.clone() {
+        if let Some(client) = self.phase.client() {
             let intake = self.pipeline.intake().clone();
-            let stream = item_stream(consumer, intake, ROOM_MAX_WAIT);
-            self.fetching = Some(ctx.add_stream(stream));
+            let stream = item_stream(client.consumer.clone(), intake, ROOM_MAX_WAIT);
+            let fetching = ctx.add_stream(stream);
+            self.advance(|phase| (phase.consuming(fetching), ()));
         }
         // Summaries of repeated client errors are due even when the errors stopped.
         ctx.run_interval(Duration::from_secs(1), |supervisor, _| {
@@ -278,8 +343,8 @@ impl Handler<CommitOffsets> for KafkaSupervisor {
     fn handle(&mut self, msg: CommitOffsets, _: &mut Context<Self>) {
         // Positions of partitions revoked meanwhile are sorted out where commits are made, and
         // reported back to the committer as not committed.
-        if let Some(commits) = &self.commits {
-            commits.commit(msg.positions, msg.reason);
+        if let Some(client) = self.phase.client() {
+            client.commits.commit(msg.positions, msg.reason);
         }
     }
 }
@@ -294,8 +359,8 @@ impl Handler<StopFetching> for KafkaSupervisor {
     type Result = ();
 
     fn handle(&mut self, _: StopFetching, ctx: &mut Context<Self>) {
-        if let Some(handle) = self.fetching.take() {
-            ctx.cancel_future(handle);
+        if let Some(fetching) = self.advance(Phase::draining) {
+            ctx.cancel_future(fetching);
         }
         if let Some(traces) = &self.traces {
             traces.check.stop();
@@ -357,13 +422,14 @@ impl Handler<CloseConsumer> for KafkaSupervisor {
             // Said now: a close the broker holds up may not end before the process does.
             consumer.context().errors().flush_all();
         }
-        let commits = self.commits.take();
-        let consumer = self.consumer.take();
+        let client = self.advance(|phase| (Phase::Closed, phase.close()));
         let closing = move || {
-            if let Some(mut commits) = commits {
+            if let Some(Client {
+                consumer,
+                mut commits,
+            }) = client
+            {
                 commits.stop();
-            }
-            if let Some(consumer) = consumer {
                 consumer.context().closing();
                 // Its result queue must not outlive the client.
                 consumer.context().release_outstanding_commit();
