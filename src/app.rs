@@ -121,33 +121,41 @@ pub struct RunHandles {
     pub http_listener: Arc<std::sync::Mutex<Option<std::net::TcpListener>>>,
 }
 
-/// Runs the service until `shutdown` completes. Must be called inside an actix system.
-pub async fn run(
-    settings: &Settings,
-    shutdown: impl Future<Output = ()>,
-) -> Result<RunReport, ServiceError> {
-    run_with(settings, shutdown, RunHandles::default()).await
+/// What ends a run: `requested` begins the graceful stop — stop fetching, drain, commit, leave
+/// the group; `hurried`, completing once that stop has begun (a second signal), cuts it short:
+/// nothing more is awaited, no thread joined, and the report says what was left (not clean
+/// unless the stop had already got that far). The caller then exits the process without
+/// waiting for anything either.
+pub struct Stop<R, H> {
+    pub requested: R,
+    pub hurried: H,
 }
 
-/// [`run`], publishing its live handles.
-pub async fn run_with(
-    settings: &Settings,
-    shutdown: impl Future<Output = ()>,
-    handles: RunHandles,
-) -> Result<RunReport, ServiceError> {
-    run_until(settings, shutdown, std::future::pending(), handles).await
+impl<R: Future<Output = ()>> Stop<R, std::future::Pending<()>> {
+    /// A stop that begins when `requested` completes and is never cut short.
+    pub fn when(requested: R) -> Self {
+        Stop {
+            requested,
+            hurried: std::future::pending(),
+        }
+    }
 }
 
-/// [`run_with`], with a stop that `hurry` cuts short: once the graceful stop has begun, `hurry`
-/// completing (a second signal) ends it at once — nothing more is awaited, no thread joined —
-/// and the report says what was left (not clean unless the stop had already got that far).
-/// The caller then exits the process without waiting for anything either.
-pub async fn run_until(
+/// Runs the service until `stop` says so, publishing its live handles. Must be called inside
+/// an actix system.
+pub async fn run<R, H>(
     settings: &Settings,
-    shutdown: impl Future<Output = ()>,
-    hurry: impl Future<Output = ()>,
+    stop: Stop<R, H>,
     handles: RunHandles,
-) -> Result<RunReport, ServiceError> {
+) -> Result<RunReport, ServiceError>
+where
+    R: Future<Output = ()>,
+    H: Future<Output = ()>,
+{
+    let Stop {
+        requested: shutdown,
+        hurried: hurry,
+    } = stop;
     let mut shutdown = std::pin::pin!(shutdown);
     let database = Database::from_settings(&settings.database)?;
     info!(
@@ -713,17 +721,14 @@ async fn migrate_until_done(
 /// Completes on SIGINT, SIGTERM or SIGHUP: each asks for the same graceful stop. (SIGHUP does
 /// not reload: configuration is read at start, and a restart is how it changes.)
 pub async fn shutdown_signal() {
-    shutdown_signals().0.await
+    shutdown_signals().requested.await
 }
 
-/// The process's stop signals: the first future completes on SIGINT, SIGTERM or SIGHUP (the
-/// graceful stop); the second on a SIGTERM or SIGINT after that one (stop now: see
-/// [`run_until`]). Must be called inside a runtime: a task listens from then on, so that no
-/// signal is missed between the two.
-pub fn shutdown_signals() -> (
-    impl Future<Output = ()> + Send + 'static,
-    impl Future<Output = ()> + Send + 'static,
-) {
+/// The process's stop signals: the stop is requested on SIGINT, SIGTERM or SIGHUP, and hurried
+/// by a SIGTERM or SIGINT after that one (stop now: see [`Stop`]). Must be called inside a
+/// runtime: a task listens from then on, so that no signal is missed between the two.
+pub fn shutdown_signals()
+-> Stop<impl Future<Output = ()> + Send + 'static, impl Future<Output = ()> + Send + 'static> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut interrupt = signal(SignalKind::interrupt()).expect("SIGINT handler");
@@ -749,7 +754,10 @@ pub fn shutdown_signals() -> (
             std::future::pending::<()>().await;
         }
     };
-    (wait(first_seen), wait(second_seen))
+    Stop {
+        requested: wait(first_seen),
+        hurried: wait(second_seen),
+    }
 }
 
 #[cfg(test)]

@@ -146,7 +146,7 @@ pub async fn run(settings: &Settings, options: &DemoOptions) -> Result<DemoRepor
             *finished.lock().unwrap() = Some((outcome, Instant::now()));
         }
     };
-    let report = app::run_with(&settings, shutdown, handles.clone()).await?;
+    let report = app::run(&settings, app::Stop::when(shutdown), handles.clone()).await?;
     let (committed, committed_at) = finished
         .lock()
         .unwrap()

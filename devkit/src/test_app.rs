@@ -298,7 +298,7 @@ impl TestApp {
             .set(Some(listener.local_addr().expect("a bound socket").port()));
         let handles = RunHandles::default();
         *handles.http_listener.lock().unwrap() = Some(listener);
-        app::run_with(&self.settings(), shutdown, handles).await
+        app::run(&self.settings(), app::Stop::when(shutdown), handles).await
     }
 
     /// The embedded broker, for topics and faults.

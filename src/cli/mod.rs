@@ -67,9 +67,9 @@ fn exit_code(result: anyhow::Result<u8>) -> i32 {
 pub const EXIT_STOPPED_WITH_LEFTOVERS: u8 = 3;
 
 async fn run_service(settings: &Settings) -> anyhow::Result<u8> {
-    let (shutdown, hurry) = crate::app::shutdown_signals();
+    let stop = crate::app::shutdown_signals();
     let handles = crate::app::RunHandles::default();
-    let report = crate::app::run_until(settings, shutdown, hurry, handles)
+    let report = crate::app::run(settings, stop, handles)
         .await
         .context("history-service failed")?;
     Ok(if report.left.is_clean() {
