@@ -32,7 +32,8 @@
 //! 5. `actors/committer.rs` — admitted to the window (`offsets/window.rs`), routed by
 //!    `actors/dispatcher.rs`;
 //! 6. `actors/writer.rs` — batched with other partitions' (`domain/fair_queue.rs`), written by
-//!    `domain/outcome.rs` through `store/repository.rs`; the outcome back to the committer;
+//!    `actors/batch.rs` (`domain/outcome.rs` through `store/repository.rs`), an event the
+//!    database rejects retried by `actors/parked.rs`; the outcome back to the committer;
 //! 7. `kafka/commit_worker.rs` — the window's position committed, in order (`offsets/ledger.rs`).
 //!
 //! The development kit (embedded broker, workloads, demo, benchmark) lives apart, in the

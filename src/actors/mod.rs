@@ -2,10 +2,12 @@
 //! pool of DB writers and the OffsetCommitter. `messages` lists what they exchange, and how a
 //! record travels from fetch to offset commit.
 
+mod batch;
 pub mod committer;
 pub mod dispatcher;
 pub mod inflow;
 pub mod messages;
+mod parked;
 pub mod partition;
 pub mod pipeline;
 pub mod supervisor;

@@ -3,10 +3,11 @@
 //! resolved offsets to the OffsetCommitter; an Unknown batch is retried with exponential
 //! backoff, and its offsets stay unresolved (so uncommitted) until the database answers.
 //!
-//! A batch the server rejects because of its data is bisected (`domain::bisect`): what the
-//! server accepts is written, and each event it rejects by itself is parked — retried alone,
-//! with backoff, while the writer serves other jobs — so one bad event holds back only its own
-//! partition, at its offset, and is named in the log and in `history_stuck_event`.
+//! A batch the server rejects because of its data is bisected (`actors/batch.rs`): what the
+//! server accepts is written, and each event it rejects by itself is parked
+//! (`actors/parked.rs`) — retried alone, with backoff, while the writer serves other jobs — so
+//! one bad event holds back only its own partition, at its offset, and is named in the log and
+//! in `history_stuck_event`.
 //!
 //! A batch that does not finish within its deadline is written again halved, the rest put back
 //! at the front of the queue, and later batches stay smaller until the database is quick again
@@ -14,27 +15,24 @@
 //! rather than the same batch timing out for ever.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use tracing::{debug, error, info, warn};
 
+use super::batch::{Batch, BatchResult, Job, Rejection, execute, partitions_of};
 use super::committer::OffsetCommitter;
 use super::messages::{
-    DecodedEvent, Epoch, Generation, Held, InspectWindows, Parked, Resolved, ResolvedOffset,
-    TopicPartition, Withdraw, Withdrawn, Work, WriteJob, WriteJobs,
+    DecodedEvent, Parked, Resolved, ResolvedOffset, TopicPartition, Withdraw, Withdrawn, WriteJob,
+    WriteJobs,
 };
+use super::parked::{ParkedEvent, Retrying, Settled};
 use crate::domain::backoff::Backoff;
 use crate::domain::batch_size::BatchSize;
 use crate::domain::fair_queue::FairQueue;
 use crate::domain::linger::{Decision, Linger};
-use crate::domain::values::SET_ASIDE;
-use crate::domain::{HistoryEvent, Resolution, bisect, process_history_batch};
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
-use crate::metrics::{self, OutcomeClass, Stats};
-use crate::store::dead_letters::{self, DeadLetter, DeadLetterRow};
-use crate::store::repository::load_events;
-use crate::store::stuck;
+use crate::metrics::{OutcomeClass, Stats};
 use crate::store::{PgHistoryRepository, StoreError};
 
 /// The writer's tuning, from `[pipeline]`.
@@ -76,159 +74,6 @@ pub struct DbWriter {
     attempt: u32,
     /// How many jobs the next batch may hold: fewer than `batch_max_events` after a timeout.
     batch_size: BatchSize,
-}
-
-/// One record's work, typed by kind: the batch code never has to ask which kind a job is.
-#[derive(Debug, Clone)]
-struct Job<T> {
-    tp: TopicPartition,
-    epoch: Epoch,
-    generation: Generation,
-    offset: i64,
-    item: T,
-    /// The record's share of the budget, given back when the job is dropped (resolved). Only
-    /// its drop matters, so nothing reads it.
-    #[allow(dead_code)]
-    held: Held,
-}
-
-impl<T> Job<T> {
-    fn position(&self) -> ResolvedOffset {
-        ResolvedOffset {
-            tp: self.tp.clone(),
-            epoch: self.epoch,
-            generation: self.generation,
-            offset: self.offset,
-        }
-    }
-}
-
-/// A batch of jobs, split by kind.
-#[derive(Default)]
-struct Batch {
-    events: Vec<Job<Box<DecodedEvent>>>,
-    letters: Vec<Job<DeadLetter>>,
-}
-
-impl Batch {
-    fn of(jobs: impl IntoIterator<Item = WriteJob>) -> Self {
-        let mut batch = Batch::default();
-        for WriteJob {
-            tp,
-            epoch,
-            generation,
-            offset,
-            work,
-            held,
-        } in jobs
-        {
-            match work {
-                Work::Event(item) => batch.events.push(Job {
-                    tp,
-                    epoch,
-                    generation,
-                    offset,
-                    item,
-                    held,
-                }),
-                Work::DeadLetter(item) => batch.letters.push(Job {
-                    tp,
-                    epoch,
-                    generation,
-                    offset,
-                    item,
-                    held,
-                }),
-            }
-        }
-        batch
-    }
-
-    fn len(&self) -> usize {
-        self.events.len() + self.letters.len()
-    }
-
-    /// Splits off everything after the first `keep` jobs (events first, then letters).
-    fn split_off(&mut self, keep: usize) -> Batch {
-        let events = self.events.split_off(keep.min(self.events.len()));
-        let letters_kept = keep.saturating_sub(self.events.len());
-        let letters = self.letters.split_off(letters_kept.min(self.letters.len()));
-        Batch { events, letters }
-    }
-
-    /// The jobs again, as they came to the writer.
-    fn into_jobs(self) -> impl Iterator<Item = WriteJob> {
-        let job = |tp, epoch, generation, offset, work, held| WriteJob {
-            tp,
-            epoch,
-            generation,
-            offset,
-            work,
-            held,
-        };
-        let events = self.events.into_iter().map(move |j| {
-            job(
-                j.tp,
-                j.epoch,
-                j.generation,
-                j.offset,
-                Work::Event(j.item),
-                j.held,
-            )
-        });
-        let letters = self.letters.into_iter().map(move |j| {
-            job(
-                j.tp,
-                j.epoch,
-                j.generation,
-                j.offset,
-                Work::DeadLetter(j.item),
-                j.held,
-            )
-        });
-        events.chain(letters)
-    }
-}
-
-/// The server's reason for rejecting an event by itself.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Rejection {
-    sqlstate: String,
-    message: String,
-}
-
-impl std::fmt::Display for Rejection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the database rejects the event: {}: {}",
-            self.sqlstate, self.message
-        )
-    }
-}
-
-/// An event the database rejects by itself, retried alone (its outcome stays Unknown).
-struct ParkedEvent {
-    job: Job<Box<DecodedEvent>>,
-    rejection: Rejection,
-    /// The delays between its attempts.
-    backoff: Backoff,
-    attempts: u32,
-}
-
-/// What one batch came to.
-struct BatchResult {
-    /// Offsets resolved, with their outcome class.
-    resolved: Vec<(ResolvedOffset, OutcomeClass)>,
-    /// Reason codes of the dead letters stored.
-    dead_letter_reasons: Vec<&'static str>,
-    /// Events the database rejected by themselves (isolated by bisecting the batch).
-    rejected: Vec<(Job<Box<DecodedEvent>>, Rejection)>,
-    /// Jobs whose outcome is Unknown for a reason not about them (an outage), with the error.
-    failed: Option<(Batch, StoreError)>,
-    /// Jobs attempted.
-    attempted: usize,
-    elapsed: Duration,
 }
 
 impl DbWriter {
@@ -416,231 +261,37 @@ impl DbWriter {
         self.committer.do_send(Resolved(offsets));
     }
 
-    /// Sets an event the database rejects aside: it is retried alone, with backoff, while the
-    /// writer goes on with other jobs. Its outcome stays Unknown, so its partition's position
-    /// waits at its offset (and the partition's window fills and pauses it, alone).
+    /// Sets an event the database rejects aside ([`ParkedEvent`]): it is retried alone, with
+    /// backoff, while the writer goes on with other jobs.
     fn park(&mut self, job: Job<Box<DecodedEvent>>, rejection: Rejection, ctx: &mut Context<Self>) {
-        self.stats.outcomes(OutcomeClass::Unknown, 1);
-        self.stats.retry();
-        metrics::set_stuck_event(
-            &job.tp,
-            job.offset,
-            &job.item.event_id,
-            &rejection.sqlstate,
-            true,
-        );
-        error!(
-            writer = self.id,
-            partition = %job.tp,
-            offset = job.offset,
-            event_id = %job.item.event_id,
-            sqlstate = %rejection.sqlstate,
-            error = %rejection.message,
-            "the database rejects this event: its partition's position waits at this offset \
-             (other partitions go on); retrying it alone until the database accepts it"
-        );
+        let backoff = Backoff::new(self.settings.retry_initial, self.settings.retry_max);
+        let parked = ParkedEvent::park(job, rejection, backoff, self.id, &self.stats);
         // A revoke or a stop does not wait for it.
-        self.committer.do_send(Parked(job.position()));
-        let parked = ParkedEvent {
-            job,
-            rejection,
-            backoff: Backoff::new(self.settings.retry_initial, self.settings.retry_max),
-            attempts: 1,
-        };
+        self.committer.do_send(Parked(parked.position()));
         self.retry_parked_later(parked, ctx);
     }
 
     fn retry_parked_later(&mut self, mut parked: ParkedEvent, ctx: &mut Context<Self>) {
-        let delay = parked.backoff.next_delay();
+        let delay = parked.next_delay();
         ctx.run_later(delay, move |writer, ctx| writer.retry_parked(parked, ctx));
     }
 
     fn retry_parked(&mut self, mut parked: ParkedEvent, ctx: &mut Context<Self>) {
-        let repository = self.repository.clone();
-        let stats = self.stats.clone();
-        let publisher = self.publisher.clone();
-        let committer = self.committer.clone();
-        let replica = self.settings.replica.clone();
-        let job = parked.job.clone();
-        let rejected = parked.rejection.clone();
-        let attempt = async move {
-            // A partition revoked meanwhile is re-read by its next owner: stop retrying here.
-            let assigned = committer
-                .send(InspectWindows)
-                .await
-                .map(|windows| {
-                    windows
-                        .iter()
-                        .any(|window| window.tp == job.tp && window.epoch == job.epoch)
-                })
-                .unwrap_or(true);
-            if !assigned {
-                return Retry::Revoked;
-            }
-            let pool = repository.pool();
-            // Reported where an operator's `dead-letters set-aside` finds it, and answered if
-            // asked. The table failing costs only this: the retry goes on.
-            let report = stuck::StuckReport {
-                tp: &job.tp,
-                offset: job.offset,
-                event_id: &job.item.event_id,
-                sqlstate: &rejected.sqlstate,
-                error: &rejected.message,
-                replica: &replica,
-            };
-            match stuck::check_in(pool, &report).await {
-                Ok(Some(request)) => {
-                    let letter = Job {
-                        tp: job.tp.clone(),
-                        epoch: job.epoch,
-                        generation: job.generation,
-                        offset: job.offset,
-                        item: DeadLetter::set_aside(
-                            &job.item.event_id,
-                            job.item.record.clone(),
-                            &request.by,
-                            request.at,
-                            request.reason.as_deref(),
-                            &rejected.to_string(),
-                        ),
-                        held: Held::nothing(),
-                    };
-                    let stored = pool
-                        .within_deadline(write_dead_letters(
-                            &repository,
-                            publisher.as_deref(),
-                            &stats,
-                            std::slice::from_ref(&letter),
-                        ))
-                        .await;
-                    return Retry::SetAside(match stored {
-                        Ok(()) => stuck::resolved(pool, &job.tp, job.offset, &replica)
-                            .await
-                            .map(|()| request),
-                        Err(err) => Err(err),
-                    });
-                }
-                Ok(None) => {}
-                Err(err) => debug!(error = %err, "could not record the stuck event"),
-            }
-            let written = write_events(
-                &repository,
-                publisher.as_deref(),
-                &stats,
-                std::slice::from_ref(&job),
-            )
-            .await;
-            if written.is_ok() {
-                if let Err(err) = stuck::written(pool, &job.tp, job.offset).await {
-                    debug!(error = %err, "could not forget the stuck event");
-                }
-            }
-            Retry::Written(written)
-        };
+        let attempt = parked.attempt(Retrying {
+            repository: self.repository.clone(),
+            publisher: self.publisher.clone(),
+            committer: self.committer.clone(),
+            stats: self.stats.clone(),
+            replica: self.settings.replica.clone(),
+        });
         ctx.spawn(attempt.into_actor(self).map(move |result, writer, ctx| {
-            let job = &parked.job;
-            let unstick = |rejection: &Rejection| {
-                metrics::set_stuck_event(
-                    &job.tp,
-                    job.offset,
-                    &job.item.event_id,
-                    &rejection.sqlstate,
-                    false,
-                )
-            };
-            match result {
-                Retry::Revoked => {
-                    unstick(&parked.rejection);
-                    writer
-                        .stats
-                        .stuck_handed_over
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    info!(
-                        partition = %job.tp,
-                        offset = job.offset,
-                        event_id = %job.item.event_id,
-                        "stuck event no longer retried here: its partition was revoked"
-                    );
-                }
-                Retry::SetAside(Ok(request)) => {
-                    unstick(&parked.rejection);
-                    writer.stats.dead_letter_reason(SET_ASIDE);
-                    warn!(
-                        partition = %job.tp,
-                        offset = job.offset,
-                        event_id = %job.item.event_id,
-                        by = %request.by,
-                        reason = request.reason.as_deref().unwrap_or(""),
-                        replica = %writer.settings.replica,
-                        "stuck event set aside on request: stored as a dead letter (reason \
-                         set_aside); its partition moves on"
-                    );
-                    writer.report(vec![(job.position(), OutcomeClass::DeadLetter)]);
-                }
-                Retry::Written(Ok(classes)) => {
-                    unstick(&parked.rejection);
-                    // The database takes writes again.
-                    writer.stats.writes.succeeded();
-                    info!(
-                        partition = %job.tp,
-                        offset = job.offset,
-                        event_id = %job.item.event_id,
-                        attempts = parked.attempts + 1,
-                        "stuck event written: its partition moves on"
-                    );
-                    if let Some(&class) = classes.first() {
-                        writer.report(vec![(job.position(), class)]);
-                    }
-                }
-                Retry::SetAside(Err(error)) | Retry::Written(Err(error)) => {
-                    writer.stats.outcomes(OutcomeClass::Unknown, 1);
-                    writer.stats.retry();
-                    // During an outage the server gives no reason; the last one stands.
-                    if let Some(rejection) = rejection(&error) {
-                        if rejection.sqlstate != parked.rejection.sqlstate {
-                            unstick(&parked.rejection);
-                            metrics::set_stuck_event(
-                                &job.tp,
-                                job.offset,
-                                &job.item.event_id,
-                                &rejection.sqlstate,
-                                true,
-                            );
-                            warn!(
-                                partition = %job.tp,
-                                offset = job.offset,
-                                event_id = %job.item.event_id,
-                                sqlstate = %rejection.sqlstate,
-                                error = %rejection.message,
-                                "the database rejects the stuck event for another reason now"
-                            );
-                        }
-                        parked.rejection = rejection;
-                    }
-                    debug!(
-                        partition = %job.tp,
-                        offset = job.offset,
-                        event_id = %job.item.event_id,
-                        attempts = parked.attempts + 1,
-                        %error,
-                        "stuck event still rejected"
-                    );
-                    parked.attempts += 1;
-                    writer.retry_parked_later(parked, ctx);
-                }
+            match parked.settle(result, &writer.stats, &writer.settings.replica) {
+                Settled::Done(Some(resolved)) => writer.report(vec![resolved]),
+                Settled::Done(None) => {}
+                Settled::Again => writer.retry_parked_later(parked, ctx),
             }
         }));
     }
-}
-
-/// What one retry of a stuck event came to.
-enum Retry {
-    /// Its partition is no longer assigned here.
-    Revoked,
-    /// An operator asked to set it aside: stored as a dead letter (or why not).
-    SetAside(Result<stuck::SetAsideRequest, StoreError>),
-    /// Written again: its outcome (or why not).
-    Written(Result<Vec<OutcomeClass>, StoreError>),
 }
 
 /// The longest a batch waits before it is retried after a session fault (a deadline expired, a
@@ -661,251 +312,6 @@ fn retry_delay(backoff: &mut Backoff, error: &StoreError) -> Duration {
     } else {
         delay
     }
-}
-
-/// The partitions of a batch's jobs, for logs: `topic[0],topic[3]`.
-fn partitions_of(batch: &Batch) -> String {
-    let partitions: std::collections::BTreeSet<String> = batch
-        .events
-        .iter()
-        .map(|job| job.tp.to_string())
-        .chain(batch.letters.iter().map(|job| job.tp.to_string()))
-        .collect();
-    partitions.into_iter().collect::<Vec<_>>().join(",")
-}
-
-/// The server's reason, when a write failed because of the data it was given — a constraint
-/// (SQLSTATE class 23), a value the column cannot hold (22), a row over a limit such as an
-/// index entry too large (54), a trigger's exception (P0), a check option (44), a cardinality
-/// violation (21). Such an error follows the event that causes it, so the batch is bisected to
-/// isolate it. Anything else — no connection, a time-out, a terminated session (57), resources
-/// (53), a deadlock (40), a permission or a missing table (42) — is about the database, not
-/// the event: bisecting would only multiply the failing attempts, so the batch is retried whole.
-fn rejection(error: &StoreError) -> Option<Rejection> {
-    let db = error.db_error()?;
-    let sqlstate = db.code().code();
-    let class = sqlstate.get(..2).unwrap_or_default();
-    ["21", "22", "23", "44", "54", "P0"]
-        .contains(&class)
-        .then(|| Rejection {
-            sqlstate: sqlstate.to_owned(),
-            message: db.message().to_owned(),
-        })
-}
-
-/// Runs one batch: the events through the per-event transaction's batched form, the dead
-/// letters through their insert (and, with a dead-letter topic, a mark for its relay). The two are independent:
-/// one failing leaves the other resolved. A batch of events the server rejects is bisected, so
-/// that the events it accepts are written and only the rejected ones are left.
-async fn execute(
-    repository: PgHistoryRepository,
-    publisher: Option<Arc<DeadLetterPublisher>>,
-    stats: Arc<Stats>,
-    batch: Batch,
-) -> BatchResult {
-    let started = Instant::now();
-    let attempted = batch.len();
-    let Batch { events, letters } = batch;
-    let mut resolved = Vec::with_capacity(attempted);
-    let mut rejected = Vec::new();
-    let mut failed = Batch::default();
-    let mut error = None;
-
-    if !events.is_empty() {
-        match write_events(&repository, publisher.as_deref(), &stats, &events).await {
-            Ok(classes) => resolved.extend(events.iter().map(Job::position).zip(classes)),
-            Err(err) if rejection(&err).is_some() => {
-                let attempt = |chunk: &[Job<Box<DecodedEvent>>]| {
-                    let (repository, publisher, stats, chunk) = (
-                        repository.clone(),
-                        publisher.clone(),
-                        stats.clone(),
-                        chunk.to_vec(),
-                    );
-                    async move { write_events(&repository, publisher.as_deref(), &stats, &chunk).await }
-                };
-                let isolation =
-                    bisect::isolate(events, err, attempt, |err| rejection(err).is_some()).await;
-                resolved.extend(
-                    isolation
-                        .done
-                        .into_iter()
-                        .map(|(job, class)| (job.position(), class)),
-                );
-                rejected.extend(
-                    isolation
-                        .rejected
-                        .into_iter()
-                        .filter_map(|(job, err)| rejection(&err).map(|rejection| (job, rejection))),
-                );
-                if let Some((jobs, err)) = isolation.failed {
-                    failed.events = jobs;
-                    error = Some(err);
-                }
-            }
-            Err(err) => {
-                failed.events = events;
-                error = Some(err);
-            }
-        }
-    }
-    let mut dead_letter_reasons = Vec::new();
-    if !letters.is_empty() {
-        let write = write_dead_letters(&repository, publisher.as_deref(), &stats, &letters);
-        match repository.pool().within_deadline(write).await {
-            Ok(()) => {
-                dead_letter_reasons.extend(letters.iter().map(|job| job.item.reason_code));
-                resolved.extend(
-                    letters
-                        .iter()
-                        .map(|job| (job.position(), OutcomeClass::DeadLetter)),
-                );
-            }
-            Err(err) => {
-                failed.letters = letters;
-                error.get_or_insert(err);
-            }
-        }
-    }
-    BatchResult {
-        resolved,
-        dead_letter_reasons,
-        rejected,
-        failed: error.map(|error| (failed, error)),
-        attempted,
-        elapsed: started.elapsed(),
-    }
-}
-
-/// Writes events in one transaction, under the pool's deadline (an expiry is an Unknown
-/// outcome, [`StoreError::TimedOut`]); on success, stores the duplicates whose content differs
-/// from the stored row as dead letters before any outcome is reported — their offsets are not
-/// resolved until then, so a crash in between finds them again.
-async fn write_events(
-    repository: &PgHistoryRepository,
-    publisher: Option<&DeadLetterPublisher>,
-    stats: &Stats,
-    events: &[Job<Box<DecodedEvent>>],
-) -> Result<Vec<OutcomeClass>, StoreError> {
-    let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item.event).collect();
-    let resolutions = repository
-        .pool()
-        .within_deadline(process_history_batch(repository, &refs))
-        .await?;
-    let classes: Vec<OutcomeClass> = resolutions
-        .into_iter()
-        .map(|resolution| match resolution {
-            Resolution::Applied => OutcomeClass::Applied,
-            Resolution::AlreadyApplied => OutcomeClass::AlreadyApplied,
-        })
-        .collect();
-    keep_conflicts(repository, publisher, stats, events, &classes).await?;
-    Ok(classes)
-}
-
-/// A redelivered `event_id` whose content differs from the stored row is not merged: the
-/// stored row stays, and the other version is kept as a dead letter (reason
-/// `conflicting_duplicate`, the record's own bytes) for an operator to list and look at. A
-/// redelivery of the same record finds its letter stored and adds nothing. An error here is the
-/// batch's: its events are written again, found applied, and compared again.
-async fn keep_conflicts(
-    repository: &PgHistoryRepository,
-    publisher: Option<&DeadLetterPublisher>,
-    stats: &Stats,
-    events: &[Job<Box<DecodedEvent>>],
-    classes: &[OutcomeClass],
-) -> Result<(), StoreError> {
-    let duplicates: Vec<&Job<Box<DecodedEvent>>> = events
-        .iter()
-        .zip(classes)
-        .filter(|(_, class)| **class == OutcomeClass::AlreadyApplied)
-        .map(|(job, _)| job)
-        .collect();
-    if duplicates.is_empty() {
-        return Ok(());
-    }
-    let ids: Vec<&str> = duplicates
-        .iter()
-        .map(|job| job.item.event_id.as_str())
-        .collect();
-    // The stored rows never change, so reading them after the commit is as good as inside it.
-    let pool = repository.pool();
-    let stored = pool.within_deadline(load_events(pool, &ids)).await?;
-    let mut conflicts = Vec::new();
-    for job in duplicates {
-        let event = &job.item.event;
-        let Some(row) = stored.get(&event.event_id) else {
-            continue;
-        };
-        if row == event {
-            continue;
-        }
-        stats.conflicting_duplicate();
-        warn!(
-            event_id = %event.event_id,
-            partition = %job.tp,
-            offset = job.offset,
-            stored = ?row,
-            redelivered = ?event,
-            "conflicting duplicate: same event_id, different content; the stored row is kept \
-             and this version goes to the dead-letter table (reason conflicting_duplicate)"
-        );
-        conflicts.push(Job {
-            tp: job.tp.clone(),
-            epoch: job.epoch,
-            generation: job.generation,
-            offset: job.offset,
-            item: DeadLetter::conflicting_duplicate(row, event, job.item.record.clone()),
-            // The event's job holds the record's share until it is resolved.
-            held: Held::nothing(),
-        });
-    }
-    if conflicts.is_empty() {
-        return Ok(());
-    }
-    pool.within_deadline(write_dead_letters(repository, publisher, stats, &conflicts))
-        .await
-}
-
-async fn write_dead_letters(
-    repository: &PgHistoryRepository,
-    publisher: Option<&DeadLetterPublisher>,
-    stats: &Stats,
-    letters: &[Job<DeadLetter>],
-) -> Result<(), StoreError> {
-    let rows: Vec<DeadLetterRow<'_>> = letters
-        .iter()
-        .map(|job| DeadLetterRow {
-            topic: &job.tp.topic,
-            partition: job.tp.partition,
-            offset: job.offset,
-            letter: &job.item,
-        })
-        .collect();
-    let outcome = dead_letters::insert(repository.pool(), &rows).await?;
-    for &index in &outcome.conflicts {
-        let row = &rows[index];
-        stats.dead_letter_conflict();
-        warn!(
-            partition = %letters[index].tp,
-            offset = row.offset,
-            reason = row.letter.reason_code,
-            "a dead letter is already stored at these coordinates with other bytes (was the \
-             topic recreated?); the stored one is kept"
-        );
-    }
-    debug!(
-        stored = rows.len(),
-        new = outcome.new,
-        "dead letters written"
-    );
-    if let Some(publisher) = publisher {
-        // Stored is what counts: the relay publishes in the background, so a topic that
-        // refuses the letter never holds its partition back.
-        dead_letters::request_publication(repository.pool(), &rows, publisher.topic()).await?;
-        publisher.wake();
-    }
-    Ok(())
 }
 
 impl Actor for DbWriter {
