@@ -38,6 +38,11 @@
 //!
 //! The development kit (embedded broker, workloads, demo, benchmark) lives apart, in the
 //! `history-devkit` crate (`devkit/`), and is not linked into the production binary.
+//!
+//! The modules the binary, the tests and the development kit use are `pub`; the rest are
+//! `pub(crate)`, and `unreachable_pub` keeps every item of theirs so.
+
+#![warn(unreachable_pub)]
 
 pub mod actors;
 pub mod app;

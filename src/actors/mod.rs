@@ -3,15 +3,15 @@
 //! record travels from fetch to offset commit.
 
 mod batch;
-pub mod committer;
-pub mod dispatcher;
+pub(crate) mod committer;
+pub(crate) mod dispatcher;
 pub mod inflow;
 pub mod messages;
 mod parked;
 pub mod partition;
 pub mod pipeline;
-pub mod supervisor;
-pub mod trace_check;
-pub mod writer;
+pub(crate) mod supervisor;
+pub(crate) mod trace_check;
+pub(crate) mod writer;
 
 pub use pipeline::Pipeline;

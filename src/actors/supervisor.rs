@@ -35,7 +35,7 @@ use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 /// down or slow, and short enough that a rebalance waits little for this member.
 const ROOM_MAX_WAIT: Duration = Duration::from_millis(500);
 
-pub struct KafkaSupervisor {
+pub(crate) struct KafkaSupervisor {
     phase: Phase,
     pipeline: Pipeline,
     partitions: PartitionMap<Assigned>,
@@ -109,7 +109,7 @@ impl Phase {
 }
 
 /// The check of each new assignment against the database, and where it reports.
-pub struct Traces {
+pub(crate) struct Traces {
     pub check: Arc<TraceCheck>,
     pub group: Arc<str>,
     pub behind: Arc<DatabaseBehind>,
@@ -123,7 +123,7 @@ struct Assigned {
 }
 
 impl KafkaSupervisor {
-    pub fn new(consumer: Arc<HistoryConsumer>, pipeline: Pipeline) -> Self {
+    pub(crate) fn new(consumer: Arc<HistoryConsumer>, pipeline: Pipeline) -> Self {
         let commits =
             CommitWorker::start(consumer.clone(), pipeline.committer().clone().recipient());
         let resets = ResetWatch::start(Arc::downgrade(&consumer));
@@ -143,7 +143,7 @@ impl KafkaSupervisor {
 
     /// Checks each partition, when it is assigned, against the database
     /// ([`super::trace_check`]).
-    pub fn with_trace_check(mut self, traces: Traces) -> Self {
+    pub(crate) fn with_trace_check(mut self, traces: Traces) -> Self {
         self.traces = Some(traces);
         self
     }
@@ -353,7 +353,7 @@ impl Handler<CommitOffsets> for KafkaSupervisor {
 /// writers keep going; nothing new is dispatched.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct StopFetching;
+pub(crate) struct StopFetching;
 
 impl Handler<StopFetching> for KafkaSupervisor {
     type Result = ();
@@ -374,7 +374,7 @@ impl Handler<StopFetching> for KafkaSupervisor {
 /// pass until the deadline. Answers what the broker confirmed.
 #[derive(Message)]
 #[rtype(result = "CommitOutcome")]
-pub struct CommitFinal {
+pub(crate) struct CommitFinal {
     pub positions: Vec<CommitPosition>,
     pub deadline: Instant,
 }
@@ -411,7 +411,7 @@ impl Handler<CommitFinal> for KafkaSupervisor {
 /// closed, and the caller waits for it only as long as its deadline allows.
 #[derive(Message)]
 #[rtype(result = "tokio::sync::oneshot::Receiver<()>")]
-pub struct CloseConsumer;
+pub(crate) struct CloseConsumer;
 
 impl Handler<CloseConsumer> for KafkaSupervisor {
     type Result = MessageResult<CloseConsumer>;

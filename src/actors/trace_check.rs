@@ -26,13 +26,13 @@ use crate::store::{PgPool, traces};
 /// How many of the newest records below the committed position are checked. A restore or an
 /// emptied database loses the newest first, so a few suffice; few enough to cost a rebalance
 /// little (one small fetch and two queries per partition).
-pub const TAIL: usize = 64;
+pub(crate) const TAIL: usize = 64;
 /// The longest any one call to the cluster may take.
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the check found for one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The group has no committed position, or the log holds no record below it.
     NothingToCheck,
     /// Every record checked left its trace.
@@ -45,7 +45,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The operator's sentence for a partition found behind; `None` for any other verdict.
-    pub fn finding(&self, tp: &TopicPartition, group: &str) -> Option<String> {
+    pub(crate) fn finding(&self, tp: &TopicPartition, group: &str) -> Option<String> {
         let Verdict::Behind {
             committed,
             untraced,
@@ -72,7 +72,7 @@ impl Verdict {
 }
 
 /// What the check needs: how to reach the cluster, the pool, the decoder's limit.
-pub struct TraceCheck {
+pub(crate) struct TraceCheck {
     /// Each check makes a client of its own and drops it when done: between rebalances the
     /// service keeps no second connection to every broker, nor a second client's queue of
     /// errors while the cluster is away.
@@ -87,7 +87,7 @@ pub struct TraceCheck {
 }
 
 impl TraceCheck {
-    pub fn new(kafka: KafkaSettings, pool: PgPool, max_payload_bytes: usize) -> Self {
+    pub(crate) fn new(kafka: KafkaSettings, pool: PgPool, max_payload_bytes: usize) -> Self {
         let kafka_error_interval = kafka.error_log_interval();
         TraceCheck {
             kafka: Arc::new(kafka),
@@ -99,19 +99,22 @@ impl TraceCheck {
     }
 
     /// The checks' clients log their errors through `errors`, shared with the consumer's.
-    pub fn with_client_errors(mut self, errors: ClientErrorLog) -> Self {
+    pub(crate) fn with_client_errors(mut self, errors: ClientErrorLog) -> Self {
         self.errors = errors;
         self
     }
 
     /// Tells a check under way, and any later one, to give up: the stop does not wait for
     /// the cluster's answers to a question nobody will act on.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);
     }
 
     /// Checks each partition against the group's committed position.
-    pub async fn check(&self, partitions: Vec<TopicPartition>) -> Vec<(TopicPartition, Verdict)> {
+    pub(crate) async fn check(
+        &self,
+        partitions: Vec<TopicPartition>,
+    ) -> Vec<(TopicPartition, Verdict)> {
         let kafka = self.kafka.clone();
         let max_payload = self.max_payload_bytes;
         let stopping = self.stopping.clone();
@@ -196,7 +199,7 @@ impl TraceCheck {
 
     /// Checks partitions just assigned and reports what it finds: the log, the metric and
     /// `/readyz` (through `behind`).
-    pub async fn on_assigned(
+    pub(crate) async fn on_assigned(
         &self,
         partitions: Vec<TopicPartition>,
         group: &str,

@@ -37,7 +37,7 @@ use crate::store::{PgHistoryRepository, StoreError};
 
 /// The writer's tuning, from `[pipeline]`.
 #[derive(Debug, Clone)]
-pub struct WriterSettings {
+pub(crate) struct WriterSettings {
     pub batch_max_events: usize,
     pub batch_linger: Duration,
     pub retry_initial: Duration,
@@ -55,7 +55,7 @@ enum State {
     BackingOff,
 }
 
-pub struct DbWriter {
+pub(crate) struct DbWriter {
     id: usize,
     repository: PgHistoryRepository,
     publisher: Option<Arc<DeadLetterPublisher>>,
@@ -77,7 +77,7 @@ pub struct DbWriter {
 }
 
 impl DbWriter {
-    pub fn new(
+    pub(crate) fn new(
         id: usize,
         repository: PgHistoryRepository,
         publisher: Option<Arc<DeadLetterPublisher>>,

@@ -12,7 +12,7 @@ use serde::de::{self, Deserializer, Visitor};
 
 /// A whole number of type `T`: an integer, or text that is one. A fraction, a boolean, a
 /// number out of `T`'s range or other text is refused, saying what was found.
-pub fn integer<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+pub(super) fn integer<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: TryFrom<u64> + TryFrom<i64>,
@@ -21,7 +21,7 @@ where
 }
 
 /// [`integer`], for a setting that may be left out.
-pub fn optional_integer<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+pub(super) fn optional_integer<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
 where
     D: Deserializer<'de>,
     T: TryFrom<u64> + TryFrom<i64>,
@@ -86,13 +86,13 @@ where
 }
 
 /// A choice among named values, named in any case.
-pub trait Choice: Sized + 'static {
+pub(super) trait Choice: Sized + 'static {
     /// Every choice with its name, as the configuration spells it.
     const CHOICES: &'static [(&'static str, Self)];
 }
 
 /// A [`Choice`], by its name in any case; otherwise refused, listing the choices.
-pub fn choice<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+pub(super) fn choice<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Choice + Copy,

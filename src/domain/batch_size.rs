@@ -9,14 +9,14 @@
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
-pub struct BatchSize {
+pub(crate) struct BatchSize {
     max: usize,
     current: usize,
     deadline: Duration,
 }
 
 impl BatchSize {
-    pub fn new(max: usize, deadline: Duration) -> Self {
+    pub(crate) fn new(max: usize, deadline: Duration) -> Self {
         let max = max.max(1);
         BatchSize {
             max,
@@ -26,13 +26,13 @@ impl BatchSize {
     }
 
     /// The most events the next batch may hold.
-    pub fn current(&self) -> usize {
+    pub(crate) fn current(&self) -> usize {
         self.current
     }
 
     /// A batch of `attempted` events did not finish within the deadline: returns how many of
     /// them to write again now (half, at least one); the size of later batches drops with it.
-    pub fn timed_out(&mut self, attempted: usize) -> usize {
+    pub(crate) fn timed_out(&mut self, attempted: usize) -> usize {
         let half = (attempted / 2).max(1);
         self.current = self.current.min(half);
         half
@@ -40,7 +40,7 @@ impl BatchSize {
 
     /// A batch of `written` events took `took`. Only a full batch says the size may grow: a
     /// small one written quickly says nothing about a larger one.
-    pub fn written(&mut self, written: usize, took: Duration) {
+    pub(crate) fn written(&mut self, written: usize, took: Duration) {
         if written >= self.current && took < self.deadline / 4 {
             self.current = (self.current + self.current.div_ceil(8)).min(self.max);
         }

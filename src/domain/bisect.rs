@@ -13,7 +13,7 @@ use std::future::Future;
 
 /// What isolating came to. Every item is in exactly one of the three.
 #[derive(Debug)]
-pub struct Isolation<J, T, E> {
+pub(crate) struct Isolation<J, T, E> {
     /// Items of a sub-batch the attempt succeeded on, with their results.
     pub done: Vec<(J, T)>,
     /// Items attempted alone that still failed with an isolatable error: the server rejects
@@ -28,7 +28,7 @@ pub struct Isolation<J, T, E> {
 /// sub-batch (all of it or nothing: a transaction) and returns one result per item.
 /// Sub-batches are attempted in order, oldest items first, halving breadth first, so a batch
 /// of `n` items with one rejected item costs about `2 log2 n` attempts.
-pub async fn isolate<J, T, E, F, Fut>(
+pub(crate) async fn isolate<J, T, E, F, Fut>(
     jobs: Vec<J>,
     error: E,
     mut attempt: F,

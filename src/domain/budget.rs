@@ -16,14 +16,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// What one record costs beyond its key and payload: the record, the job and the decoded
 /// event's structures, allocator slack, its window entry. An estimate, measured in
 /// docs/capacity.md; it keeps a budget in bytes meaningful for the smallest records too.
-pub const RECORD_OVERHEAD_BYTES: usize = 256;
+pub(crate) const RECORD_OVERHEAD_BYTES: usize = 256;
 
 /// The smallest byte budget accepted: the Kafka client's fetch response alone needs 1 MB.
-pub const MIN_BUDGET_BYTES: usize = 4 << 20;
+pub(crate) const MIN_BUDGET_BYTES: usize = 4 << 20;
 
 /// What a fetched record counts against the budget: its key and payload as allocated, and
 /// its bookkeeping.
-pub fn record_cost(key: Option<&[u8]>, payload: Option<&[u8]>) -> usize {
+pub(crate) fn record_cost(key: Option<&[u8]>, payload: Option<&[u8]>) -> usize {
     allocated(key.map_or(0, <[u8]>::len))
         + allocated(payload.map_or(0, <[u8]>::len))
         + RECORD_OVERHEAD_BYTES
@@ -33,7 +33,7 @@ pub fn record_cost(key: Option<&[u8]>, payload: Option<&[u8]>) -> usize {
 /// classes, four to each doubling above 64 bytes (16 bytes apart below), so that a payload of
 /// 20.5 KB takes 24 KiB — a fifth more than its length, which a budget counting lengths would
 /// let the service exceed.
-pub fn allocated(len: usize) -> usize {
+pub(crate) fn allocated(len: usize) -> usize {
     match len {
         0 => 0,
         1..=8 => 8,
@@ -115,9 +115,9 @@ impl Split {
 
 /// The smallest fetch response asked for: a few ticket events' worth of batches. A response
 /// always carries at least the first record batch of a partition, whatever its size.
-pub const MIN_FETCH_BYTES: usize = 64 << 10;
+pub(crate) const MIN_FETCH_BYTES: usize = 64 << 10;
 /// The most one partition adds to a fetch response (librdkafka's default).
-pub const MAX_PARTITION_FETCH_BYTES: usize = 1 << 20;
+pub(crate) const MAX_PARTITION_FETCH_BYTES: usize = 1 << 20;
 /// librdkafka's default `message.max.bytes`.
 const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
@@ -164,10 +164,10 @@ impl Level {
 
 /// Told of every change of the level, with the level before it (the gauges, and waking whoever
 /// waits for room).
-pub type Observer = Box<dyn Fn(Level, Level) + Send + Sync>;
+pub(crate) type Observer = Box<dyn Fn(Level, Level) + Send + Sync>;
 
 /// The count of what the service holds.
-pub struct Budget {
+pub(crate) struct Budget {
     limits: Limits,
     records: AtomicUsize,
     bytes: AtomicUsize,
@@ -184,7 +184,7 @@ impl fmt::Debug for Budget {
 }
 
 impl Budget {
-    pub fn new(limits: Limits, observer: Observer) -> Arc<Budget> {
+    pub(crate) fn new(limits: Limits, observer: Observer) -> Arc<Budget> {
         Arc::new(Budget {
             limits: Limits {
                 records: limits.records.max(1),
@@ -196,28 +196,28 @@ impl Budget {
         })
     }
 
-    pub fn limits(&self) -> Limits {
+    pub(crate) fn limits(&self) -> Limits {
         self.limits
     }
 
-    pub fn level(&self) -> Level {
+    pub(crate) fn level(&self) -> Level {
         Level {
             records: self.records.load(Ordering::Acquire),
             bytes: self.bytes.load(Ordering::Acquire),
         }
     }
 
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         self.level().has_room(self.limits)
     }
 
-    pub fn is_low(&self) -> bool {
+    pub(crate) fn is_low(&self) -> bool {
         self.level().is_low(self.limits)
     }
 
     /// Counts a record of `cost` bytes as held until the ticket is dropped. Never refuses:
     /// the caller asks [`Budget::has_room`] first.
-    pub fn take(self: &Arc<Self>, cost: usize) -> Held {
+    pub(crate) fn take(self: &Arc<Self>, cost: usize) -> Held {
         let records = self.records.fetch_add(1, Ordering::AcqRel);
         let bytes = self.bytes.fetch_add(cost, Ordering::AcqRel);
         let before = Level { records, bytes };

@@ -17,7 +17,7 @@ const KEPT_WHEN_EMPTY: usize = 64;
 /// (peak RSS 58 -> 73 MB at 96 partitions, 56 -> 100 MB on the 500,000-event bench). Per key
 /// only the items' indices are queued.
 #[derive(Debug)]
-pub struct FairQueue<K, T> {
+pub(crate) struct FairQueue<K, T> {
     items: Vec<Option<T>>,
     /// Free places in `items`.
     free: Vec<u32>,
@@ -47,20 +47,21 @@ impl<K, T> Default for FairQueue<K, T> {
 }
 
 impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// How many keys have items.
-    pub fn keys(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn keys(&self) -> usize {
         self.turn.len()
     }
 
@@ -100,7 +101,7 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
     }
 
     /// Queues `item` last among its key's; a key new to the queue takes its turn last.
-    pub fn push_back(&mut self, key: K, item: T) {
+    pub(crate) fn push_back(&mut self, key: K, item: T) {
         let slot = self.slot(&key);
         let index = self.store(item);
         let queue = &mut self.slots[slot];
@@ -113,7 +114,7 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
 
     /// Puts `item` back first among its key's (taken, then not written); a key that had no
     /// items left is served next.
-    pub fn push_front(&mut self, key: K, item: T) {
+    pub(crate) fn push_front(&mut self, key: K, item: T) {
         let slot = self.slot(&key);
         let index = self.store(item);
         let queue = &mut self.slots[slot];
@@ -126,7 +127,7 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
 
     /// Takes up to `n` items, one from each key in turn: the first item of the key whose turn
     /// it is, then that key goes last. A key's items come out in the order they went in.
-    pub fn take(&mut self, n: usize) -> Vec<T> {
+    pub(crate) fn take(&mut self, n: usize) -> Vec<T> {
         let mut taken = Vec::with_capacity(n.min(self.len));
         while taken.len() < n {
             let Some(slot) = self.turn.pop_front() else {
@@ -148,7 +149,7 @@ impl<K: Clone + Eq + Hash, T> FairQueue<K, T> {
 
     /// Takes out every item `take_out` selects, keys in turn order and each key's in order;
     /// the rest stay, in their order.
-    pub fn extract(&mut self, mut take_out: impl FnMut(&K, &T) -> bool) -> Vec<T> {
+    pub(crate) fn extract(&mut self, mut take_out: impl FnMut(&K, &T) -> bool) -> Vec<T> {
         let mut keys: Vec<Option<K>> = vec![None; self.slots.len()];
         for (key, &slot) in &self.slot_of {
             keys[slot] = Some(key.clone());

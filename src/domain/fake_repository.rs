@@ -9,7 +9,7 @@ use super::outcome::{HistoryRepository, HistoryTransaction};
 
 /// One call made on the repository or its transaction, with its argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call {
+pub(super) enum Call {
     Begin,
     TryInbox(String),
     TryInboxBatch(Vec<String>),
@@ -21,7 +21,7 @@ pub enum Call {
 
 /// The step a scripted failure is attached to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Step {
+pub(super) enum Step {
     Begin,
     TryInbox,
     SaveHistory,
@@ -33,7 +33,7 @@ pub enum Step {
 /// injected from any other with the same text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("injected failure #{token} at {step:?}")]
-pub struct FakeError {
+pub(super) struct FakeError {
     pub token: u64,
     pub step: Step,
 }
@@ -41,7 +41,7 @@ pub struct FakeError {
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
 impl FakeError {
-    pub fn new(step: Step) -> Self {
+    pub(super) fn new(step: Step) -> Self {
         FakeError {
             token: NEXT_TOKEN.fetch_add(1, Ordering::Relaxed),
             step,
@@ -78,24 +78,24 @@ impl State {
 }
 
 #[derive(Clone, Default)]
-pub struct FakeRepository {
+pub(super) struct FakeRepository {
     state: Arc<Mutex<State>>,
 }
 
 impl FakeRepository {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::default()
     }
 
     /// The next call of `step` fails with the returned error and changes nothing.
-    pub fn fail_next(&self, step: Step) -> FakeError {
+    pub(super) fn fail_next(&self, step: Step) -> FakeError {
         let err = FakeError::new(step);
         self.push_script(step, Script::Fail(err.clone()));
         err
     }
 
     /// The next Commit applies the pending pair(s), then returns the error (a lost reply).
-    pub fn apply_then_fail_next_commit(&self) -> FakeError {
+    pub(super) fn apply_then_fail_next_commit(&self) -> FakeError {
         let err = FakeError::new(Step::Commit);
         self.push_script(Step::Commit, Script::ApplyThenFail(err.clone()));
         err
@@ -107,15 +107,15 @@ impl FakeRepository {
     }
 
     /// Every call so far, in order; clears the log.
-    pub fn take_calls(&self) -> Vec<Call> {
+    pub(super) fn take_calls(&self) -> Vec<Call> {
         std::mem::take(&mut self.state.lock().unwrap().calls)
     }
 
-    pub fn inbox(&self) -> HashSet<String> {
+    pub(super) fn inbox(&self) -> HashSet<String> {
         self.state.lock().unwrap().inbox.clone()
     }
 
-    pub fn history(&self) -> HashMap<String, HistoryEvent> {
+    pub(super) fn history(&self) -> HashMap<String, HistoryEvent> {
         self.state.lock().unwrap().history.clone()
     }
 
@@ -141,7 +141,7 @@ impl HistoryRepository for FakeRepository {
 }
 
 /// Writes become visible to other transactions only on Commit, as in PostgreSQL.
-pub struct FakeTx {
+pub(super) struct FakeTx {
     repository: FakeRepository,
     pending_inbox: Vec<String>,
     pending_history: Vec<HistoryEvent>,

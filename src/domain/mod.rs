@@ -4,16 +4,16 @@
 //! broker or a database.
 
 pub mod backoff;
-pub mod batch_size;
-pub mod bisect;
-pub mod budget;
+pub(crate) mod batch_size;
+pub(crate) mod bisect;
+pub(crate) mod budget;
 pub mod decode;
 pub mod event;
-pub mod fair_queue;
-pub mod flow;
+pub(crate) mod fair_queue;
+pub(crate) mod flow;
 pub mod linger;
 pub mod outcome;
-pub mod traces;
+pub(crate) mod traces;
 pub mod values;
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use super::values::Record;
 
 /// The trace a resolved record must have left.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trace {
+pub(crate) enum Trace {
     /// A valid event: its inbox marker.
     Marker(String),
     /// A record that can never become an event: its dead letter, at this offset.
@@ -25,7 +25,7 @@ pub enum Trace {
 
 impl Trace {
     /// Decoded as the service decodes it, so that the record's trace is the one it left.
-    pub fn of(record: &Record, max_payload_bytes: usize) -> Trace {
+    pub(crate) fn of(record: &Record, max_payload_bytes: usize) -> Trace {
         match HistoryEvent::decode(record.payload.as_deref(), max_payload_bytes) {
             Ok(event) => Trace::Marker(event.event_id),
             Err(_) => Trace::DeadLetter(record.offset),
@@ -35,7 +35,7 @@ impl Trace {
 
 /// The traces of records below a committed position that the database was asked about.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     /// Inbox markers present, of those asked about.
     pub markers: HashSet<String>,
     /// Offsets whose dead letter is present, of those asked about.
@@ -44,7 +44,7 @@ pub struct Found {
 
 /// Records resolved (below the committed position) whose trace the database lacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Untraced {
+pub(crate) struct Untraced {
     /// The lowest offset checked that lacks its trace.
     pub first: i64,
     /// The highest.
@@ -57,7 +57,7 @@ pub struct Untraced {
 
 /// Which of `records` (offset order, each paired with its trace) left no trace in `found`;
 /// `None` when every one did.
-pub fn untraced(records: &[(i64, Trace)], found: &Found) -> Option<Untraced> {
+pub(crate) fn untraced(records: &[(i64, Trace)], found: &Found) -> Option<Untraced> {
     let missing: Vec<i64> = records
         .iter()
         .filter(|(_, trace)| match trace {
@@ -77,7 +77,7 @@ pub fn untraced(records: &[(i64, Trace)], found: &Found) -> Option<Untraced> {
 /// Where the newest `count` records below `committed` start, in a log that begins at
 /// `log_start`; `None` when the log holds none below it (never committed past its start, or
 /// retention deleted them).
-pub fn tail_start(log_start: i64, committed: i64, count: usize) -> Option<i64> {
+pub(crate) fn tail_start(log_start: i64, committed: i64, count: usize) -> Option<i64> {
     let from = committed.saturating_sub(count as i64).max(log_start);
     (from < committed).then_some(from)
 }

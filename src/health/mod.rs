@@ -6,8 +6,8 @@
 //! every write has kept failing for longer than
 //! `pipeline.unready_after_failing_ms`, and while the database does not answer.
 
-pub mod behind;
-pub mod writes;
+pub(crate) mod behind;
+pub(crate) mod writes;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

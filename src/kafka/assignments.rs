@@ -17,13 +17,13 @@ use crate::metrics;
 use crate::offsets::{CommitLedger, CommitPlan};
 
 #[derive(Debug, Default)]
-pub struct Assignments {
+pub(crate) struct Assignments {
     ledger: Mutex<CommitLedger>,
 }
 
 impl Assignments {
     /// New assignments of these partitions, each with a new epoch.
-    pub fn assign(
+    pub(crate) fn assign(
         &self,
         partitions: impl IntoIterator<Item = TopicPartition>,
     ) -> Vec<(TopicPartition, Epoch)> {
@@ -35,19 +35,19 @@ impl Assignments {
 
     /// Ends these assignments. A commit of theirs that passed the epoch check is queued with
     /// librdkafka before this returns; none is sent after.
-    pub fn forget(&self, partitions: &[(TopicPartition, Epoch)]) {
+    pub(crate) fn forget(&self, partitions: &[(TopicPartition, Epoch)]) {
         let mut ledger = self.ledger.lock();
         ledger.forget(partitions);
         metrics::set_assigned_partitions(ledger.assigned());
     }
 
     /// The epoch of a partition's current assignment, if it is assigned here.
-    pub fn epoch_of(&self, tp: &TopicPartition) -> Option<Epoch> {
+    pub(crate) fn epoch_of(&self, tp: &TopicPartition) -> Option<Epoch> {
         self.ledger.lock().epoch_of(tp)
     }
 
     /// The current epochs of those of `partitions` assigned here.
-    pub fn epochs_of(
+    pub(crate) fn epochs_of(
         &self,
         partitions: impl IntoIterator<Item = TopicPartition>,
     ) -> Vec<(TopicPartition, Epoch)> {
@@ -61,7 +61,7 @@ impl Assignments {
     /// Plans `positions` and, if any is to be sent, hands those to `send` — under the lock, so
     /// that no assignment ends between the check and the queueing. `send` must only queue
     /// (never wait for the broker): every commit and revoke of the process waits for it.
-    pub fn plan_and_send<Q>(
+    pub(crate) fn plan_and_send<Q>(
         &self,
         positions: &[CommitPosition],
         reason: CommitReason,
@@ -82,7 +82,7 @@ impl Assignments {
     }
 
     /// Records positions the broker confirmed.
-    pub fn confirm(&self, positions: &[CommitPosition]) {
+    pub(crate) fn confirm(&self, positions: &[CommitPosition]) {
         self.ledger.lock().confirm(positions);
     }
 }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use secrecy::{ExposeSecret, SecretString};
 
 /// The SASL mechanisms librdkafka offers, as it spells them.
-pub const MECHANISMS: [&str; 5] = [
+pub(crate) const MECHANISMS: [&str; 5] = [
     "PLAIN",
     "SCRAM-SHA-256",
     "SCRAM-SHA-512",
@@ -50,7 +50,7 @@ const DEFAULT_KINIT_CMD: &str = "kinit -R -t \"%{sasl.kerberos.keytab}\" -k \
 
 /// A refused authentication setting: the librdkafka property it concerns and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub property: &'static str,
     pub reason: String,
 }
@@ -66,7 +66,7 @@ impl Refusal {
 
 /// What the checks need of the machine the service runs on.
 #[derive(Debug, Clone)]
-pub struct Host {
+pub(crate) struct Host {
     /// `PATH`, where `kinit` is looked for.
     pub path: Option<OsString>,
     /// `KRB5_CONFIG`, if set; otherwise Kerberos reads `/etc/krb5.conf`.
@@ -75,7 +75,7 @@ pub struct Host {
 
 impl Host {
     /// This process's environment.
-    pub fn current() -> Host {
+    pub(crate) fn current() -> Host {
         Host {
             path: std::env::var_os("PATH"),
             krb5_config: std::env::var_os("KRB5_CONFIG"),
@@ -127,7 +127,10 @@ impl Properties<'_> {
 
 /// Checks the configured authentication; `properties` are the merged pass-through properties
 /// (`kafka.properties` and the values read for `kafka.property_files`).
-pub fn check(properties: &BTreeMap<String, SecretString>, host: &Host) -> Result<(), Refusal> {
+pub(crate) fn check(
+    properties: &BTreeMap<String, SecretString>,
+    host: &Host,
+) -> Result<(), Refusal> {
     let props = Properties(properties);
     for key in FILE_PROPERTIES {
         if let Some(path) = props.get(key) {

@@ -23,7 +23,7 @@ use rdkafka::types::RDKafkaRespErr;
 
 /// A commit handed to librdkafka, whose verdict is still to be read from a queue of its own.
 /// It must be dropped before the client it was queued on is destroyed.
-pub struct QueuedCommit {
+pub(crate) struct QueuedCommit {
     queue: NonNull<rdsys::rd_kafka_queue_t>,
 }
 
@@ -33,7 +33,7 @@ unsafe impl Send for QueuedCommit {}
 
 /// What the broker said about a commit, as far as is known by a deadline.
 #[derive(Debug)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The commit, and every partition in it, was confirmed.
     Confirmed,
     /// The broker (or librdkafka) refused it.
@@ -43,7 +43,7 @@ pub enum Verdict {
 }
 
 /// Queues a commit of `offsets`; returns at once, without waiting for the broker.
-pub fn queue_commit<C: ConsumerContext>(
+pub(crate) fn queue_commit<C: ConsumerContext>(
     consumer: &impl Consumer<C>,
     offsets: &TopicPartitionList,
 ) -> Result<QueuedCommit, KafkaError> {
@@ -72,7 +72,7 @@ pub fn queue_commit<C: ConsumerContext>(
 impl QueuedCommit {
     /// Waits for the broker's verdict until `deadline` (polling at least once). After a
     /// `Confirmed` or `Refused`, nothing more comes.
-    pub fn wait(&self, deadline: Instant) -> Verdict {
+    pub(crate) fn wait(&self, deadline: Instant) -> Verdict {
         // SAFETY: the queue is live until `self` drops; each event polled is destroyed after
         // its fields were read.
         unsafe {
@@ -107,7 +107,7 @@ impl QueuedCommit {
 
 impl Verdict {
     /// As a result: a verdict still pending is a commit that timed out.
-    pub fn into_result(self) -> Result<(), KafkaError> {
+    pub(crate) fn into_result(self) -> Result<(), KafkaError> {
         match self {
             Verdict::Confirmed => Ok(()),
             Verdict::Refused(err) => Err(err),

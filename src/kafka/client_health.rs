@@ -133,7 +133,7 @@ struct RefusedCommits {
 
 /// How long every commit may be refused before it is more than a rebalance: a rebalance ends
 /// within a few commit intervals, and a member the coordinator keeps refusing commits nothing.
-pub const COMMITS_REFUSED_TOO_LONG: Duration = Duration::from_secs(30);
+pub(crate) const COMMITS_REFUSED_TOO_LONG: Duration = Duration::from_secs(30);
 
 impl ClientHealth {
     /// A commit was refused as from an unknown member or an old generation. Returns how long

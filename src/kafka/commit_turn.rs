@@ -20,7 +20,7 @@ use super::bounded_commit::QueuedCommit;
 use crate::domain::{CommitPosition, CommitReason};
 
 /// A commit librdkafka has, whose verdict did not come by its deadline.
-pub struct Outstanding {
+pub(crate) struct Outstanding {
     pub commit: QueuedCommit,
     pub positions: Vec<CommitPosition>,
     pub reason: CommitReason,
@@ -30,24 +30,24 @@ pub struct Outstanding {
 
 /// The right to hand a commit to librdkafka; see the module documentation.
 #[derive(Default)]
-pub struct CommitTurn {
+pub(crate) struct CommitTurn {
     outstanding: Mutex<Option<Outstanding>>,
 }
 
 /// The turn, held: the commit outstanding, if any, is the holder's to wait for.
-pub type Turn<'a> = MutexGuard<'a, Option<Outstanding>>;
+pub(crate) type Turn<'a> = MutexGuard<'a, Option<Outstanding>>;
 
 impl CommitTurn {
     /// The turn, once every other commit of the process stopped waiting for the broker; `None`
     /// if one still waits at `deadline`.
-    pub fn take(&self, deadline: Instant) -> Option<Turn<'_>> {
+    pub(crate) fn take(&self, deadline: Instant) -> Option<Turn<'_>> {
         self.outstanding.try_lock_until(deadline)
     }
 
     /// Forgets the commit outstanding, if any: its verdict is no longer read. For the close,
     /// before the client goes (the commit's queue must not outlive it); the close itself waits
     /// for what librdkafka still sends.
-    pub fn release(&self) -> Option<Outstanding> {
+    pub(crate) fn release(&self) -> Option<Outstanding> {
         self.outstanding.lock().take()
     }
 }

@@ -20,13 +20,13 @@ struct CommitJob {
     reason: CommitReason,
 }
 
-pub struct CommitWorker {
+pub(crate) struct CommitWorker {
     sender: Option<Sender<CommitJob>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl CommitWorker {
-    pub fn start(consumer: Arc<HistoryConsumer>, results: Recipient<CommitResult>) -> Self {
+    pub(crate) fn start(consumer: Arc<HistoryConsumer>, results: Recipient<CommitResult>) -> Self {
         let (sender, receiver) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("history-commits".into())
@@ -39,14 +39,14 @@ impl CommitWorker {
     }
 
     /// Queues a commit; its outcome goes to the results recipient.
-    pub fn commit(&self, positions: Vec<CommitPosition>, reason: CommitReason) {
+    pub(crate) fn commit(&self, positions: Vec<CommitPosition>, reason: CommitReason) {
         if let Some(sender) = &self.sender {
             let _ = sender.send(CommitJob { positions, reason });
         }
     }
 
     /// Lets queued commits finish, then ends the thread (releasing its consumer handle).
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         self.sender.take();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -17,18 +17,18 @@ use tracing::{error, warn};
 use crate::metrics;
 
 /// How long repeats of one error are counted before their summary line, unless configured.
-pub const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The level an error is logged at; a summary keeps the level of the error's first line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
+pub(crate) enum Severity {
     Error,
     Warn,
 }
 
 /// What to do with one occurrence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The first of its kind (in this interval): log it in full.
     Log,
     /// A repeat: counted, summarised later.
@@ -37,7 +37,7 @@ pub enum Verdict {
 
 /// The repeats of one error over one interval.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub error: String,
     pub repeats: u64,
     /// From the error's first line (or the previous summary) to now.
@@ -58,13 +58,13 @@ struct Entry {
 
 /// The pure aggregation: the caller passes the time, so tests control the clock.
 #[derive(Debug)]
-pub struct Aggregator {
+pub(crate) struct Aggregator {
     interval: Duration,
     entries: HashMap<String, Entry>,
 }
 
 impl Aggregator {
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         Aggregator {
             interval,
             entries: HashMap::new(),
@@ -73,7 +73,7 @@ impl Aggregator {
 
     /// One occurrence of `error` at `now`. Returns whether to log it, and the summary of the
     /// interval it ended, if any.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         error: &str,
         detail: &str,
@@ -104,7 +104,7 @@ impl Aggregator {
 
     /// The summaries of every interval that is over at `now`. An error that did not repeat
     /// during its interval is forgotten, so its next occurrence is logged in full again.
-    pub fn flush(&mut self, now: Instant) -> Vec<Summary> {
+    pub(crate) fn flush(&mut self, now: Instant) -> Vec<Summary> {
         let due: Vec<String> = self
             .entries
             .iter()
@@ -121,7 +121,7 @@ impl Aggregator {
 
     /// The summaries of every error that repeated since its last line, whether its interval is
     /// over or not (the process is stopping); forgets them all.
-    pub fn flush_all(&mut self, now: Instant) -> Vec<Summary> {
+    pub(crate) fn flush_all(&mut self, now: Instant) -> Vec<Summary> {
         let mut summaries: Vec<Summary> = self
             .entries
             .drain()
@@ -163,7 +163,7 @@ impl Aggregator {
 
 /// A bounded name for an error: its librdkafka code (`AllBrokersDown`), or the variant of an
 /// error that has none (`Canceled`, `Subscription`).
-pub fn error_name(error: &KafkaError) -> String {
+pub(crate) fn error_name(error: &KafkaError) -> String {
     if let Some(code) = error.rdkafka_error_code() {
         return format!("{code:?}");
     }
@@ -297,24 +297,20 @@ impl Drop for Shared {
 /// errors and librdkafka's error lines go through one [`ClientErrorLog`] instead of a line each,
 /// and its summaries are said when the producer is dropped.
 #[derive(Debug, Default)]
-pub struct LoggedClientContext {
+pub(crate) struct LoggedClientContext {
     errors: ClientErrorLog,
 }
 
 impl LoggedClientContext {
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         LoggedClientContext {
             errors: ClientErrorLog::new(interval),
         }
     }
 
     /// A context whose lines go through `errors`, shared with other clients.
-    pub fn sharing(errors: ClientErrorLog) -> Self {
+    pub(crate) fn sharing(errors: ClientErrorLog) -> Self {
         LoggedClientContext { errors }
-    }
-
-    pub fn errors(&self) -> &ClientErrorLog {
-        &self.errors
     }
 }
 

@@ -42,7 +42,7 @@ impl FetchSizing {
 /// What one fetch response may cost however small its request: Kafka always returns the first
 /// record batch of a partition whole, and producers' batches reach about a megabyte once
 /// decompressed (librdkafka's `batch.size` is 1,000,000 bytes), with their compressed copy.
-pub const ONE_BATCH_BYTES: usize = 5 << 18;
+pub(crate) const ONE_BATCH_BYTES: usize = 5 << 18;
 
 impl FetchSizing {
     /// The budget that leaves each of `partitions` partitions room for two whole batches in the
@@ -76,7 +76,7 @@ impl FetchSizing {
 
 /// Totals of one statistics report: bytes received from the brokers, record bytes decompressed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Received {
+pub(crate) struct Received {
     pub wire: u64,
     pub records: u64,
 }
@@ -84,7 +84,7 @@ pub struct Received {
 impl Received {
     /// The totals of a statistics report: every broker's received bytes, every partition's
     /// record bytes (keys and values, as decompressed).
-    pub fn of(statistics: &Statistics) -> Received {
+    pub(crate) fn of(statistics: &Statistics) -> Received {
         Received {
             wire: statistics
                 .brokers
@@ -103,7 +103,7 @@ impl Received {
     /// The ratio over the interval since `before`, when enough was fetched to tell (requests
     /// other than fetches — heartbeats, metadata — would otherwise make a quiet interval look
     /// like anything).
-    pub fn ratio_since(&self, before: Received) -> Option<f64> {
+    pub(crate) fn ratio_since(&self, before: Received) -> Option<f64> {
         let wire = self.wire.checked_sub(before.wire)?;
         let records = self.records.checked_sub(before.records)?;
         (wire >= MEASURABLE_BYTES).then(|| records as f64 / wire as f64)

@@ -139,7 +139,10 @@ impl Intake {
 }
 
 /// Tells the client what a fetching decision changed.
-pub fn apply<C: ConsumerContext>(consumer: &impl Consumer<C>, changes: &Changes<TopicPartition>) {
+pub(crate) fn apply<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    changes: &Changes<TopicPartition>,
+) {
     for (partitions, pause) in [(&changes.pause, true), (&changes.resume, false)] {
         if partitions.is_empty() {
             continue;
@@ -160,7 +163,7 @@ pub fn apply<C: ConsumerContext>(consumer: &impl Consumer<C>, changes: &Changes<
 }
 
 /// The partitions the client has assigned now (the supervisor learns of changes later).
-pub fn assignment<C: ConsumerContext>(consumer: &impl Consumer<C>) -> Vec<TopicPartition> {
+pub(crate) fn assignment<C: ConsumerContext>(consumer: &impl Consumer<C>) -> Vec<TopicPartition> {
     consumer
         .assignment()
         .map(|tpl| {

@@ -1,28 +1,28 @@
 //! The rdkafka consumer: its configuration, callbacks, and the stream of records and
 //! rebalance events the Kafka supervisor consumes.
 
-pub mod assignments;
-pub mod authentication;
-pub mod bounded_commit;
-pub mod client_health;
+pub(crate) mod assignments;
+pub(crate) mod authentication;
+pub(crate) mod bounded_commit;
+pub(crate) mod client_health;
 pub mod client_memory;
-pub mod commit_turn;
-pub mod commit_worker;
+pub(crate) mod commit_turn;
+pub(crate) mod commit_worker;
 pub mod context;
 pub mod dead_letter_topic;
 pub mod done_lists;
-pub mod error_log;
+pub(crate) mod error_log;
 pub mod features;
-pub mod fetch_sizing;
-pub mod intake;
+pub(crate) mod fetch_sizing;
+pub(crate) mod intake;
 pub mod messages;
-pub mod passed_over;
-pub mod properties;
-pub mod replay;
-pub mod reset_watch;
-pub mod split_queues;
-pub mod tail;
-pub mod topic_watch;
+pub(crate) mod passed_over;
+pub(crate) mod properties;
+pub(crate) mod replay;
+pub(crate) mod reset_watch;
+pub(crate) mod split_queues;
+pub(crate) mod tail;
+pub(crate) mod topic_watch;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,7 +13,7 @@ use crate::domain::{PartitionMap, TopicPartition};
 
 /// What was handed over in each partition's current assignment.
 #[derive(Debug, Default)]
-pub struct HandedOver {
+pub(crate) struct HandedOver {
     partitions: PartitionMap<Seen>,
 }
 
@@ -27,7 +27,7 @@ struct Seen {
 
 impl HandedOver {
     /// A record was handed over.
-    pub fn record(&mut self, tp: &TopicPartition, offset: i64) {
+    pub(crate) fn record(&mut self, tp: &TopicPartition, offset: i64) {
         let seen = self.partitions.entry(tp.clone()).or_default();
         // A record below the last one is a log that moved back: it counts from there.
         seen.next = Some(offset + 1);
@@ -35,13 +35,13 @@ impl HandedOver {
     }
 
     /// The partition's assignment began or ended: nothing of it is known.
-    pub fn forget(&mut self, tp: &TopicPartition) {
+    pub(crate) fn forget(&mut self, tp: &TopicPartition) {
         self.partitions.remove(tp);
     }
 
     /// The client's position in a partition: the offset it passed over to, if it is past the
     /// last record handed over (and not reported yet).
-    pub fn passed_over(&mut self, tp: &TopicPartition, position: i64) -> Option<i64> {
+    pub(crate) fn passed_over(&mut self, tp: &TopicPartition, position: i64) -> Option<i64> {
         let seen = self.partitions.entry(tp.clone()).or_default();
         let floor = seen.passed.or(seen.next);
         if floor.is_some_and(|floor| position <= floor) {

@@ -12,7 +12,7 @@ use crate::config::{ConfigError, KafkaSettings, redact};
 /// Checks each pass-through property on its own against librdkafka, so a misspelled name or a
 /// rejected value stops the service at start-up naming the key — in a message built here, since
 /// librdkafka's own quotes the value, and values may be secrets.
-pub fn validate(kafka: &KafkaSettings) -> Result<(), ConfigError> {
+pub(crate) fn validate(kafka: &KafkaSettings) -> Result<(), ConfigError> {
     let properties = kafka.librdkafka_properties()?;
     for (key, value) in &properties {
         let origin = origin(kafka, key);

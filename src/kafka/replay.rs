@@ -12,9 +12,9 @@ use crate::config::KafkaSettings;
 use crate::store::dead_letters::StoredDeadLetter;
 
 /// Names the dead letter a replayed record came from: `topic/partition/offset`.
-pub const HEADER_REPLAY_OF: &str = "history.replay.of";
+pub(crate) const HEADER_REPLAY_OF: &str = "history.replay.of";
 
-pub struct Replayer {
+pub(crate) struct Replayer {
     producer: FutureProducer<LoggedClientContext>,
     timeout: Duration,
     deadline: Instant,
@@ -22,7 +22,7 @@ pub struct Replayer {
 
 /// A letter not replayed.
 #[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
+pub(crate) enum ReplayError {
     /// The broker refused it, or librdkafka gave up on it.
     #[error(transparent)]
     Kafka(#[from] KafkaError),
@@ -35,7 +35,7 @@ impl Replayer {
     /// A producer whose every delivery must be confirmed within `timeout` from now: the whole
     /// replay's bound. librdkafka gives up on a record at the same moment (`message.timeout.ms`,
     /// unless the operator set it), so none is delivered after the replay stopped waiting.
-    pub fn new(
+    pub(crate) fn new(
         settings: &KafkaSettings,
         timeout: Duration,
     ) -> Result<Self, super::KafkaSetupError> {
@@ -55,7 +55,7 @@ impl Replayer {
 
     /// Publishes one letter's key and payload (a tombstone stays a tombstone) to `topic`, or
     /// to its original topic; returns where it landed once the broker confirmed it.
-    pub async fn replay(
+    pub(crate) async fn replay(
         &self,
         letter: &StoredDeadLetter,
         topic: Option<&str>,

@@ -38,14 +38,14 @@ struct Pending {
 type Shared = Arc<(Mutex<Pending>, Condvar)>;
 
 /// The supervisor's handle on the checking thread. The thread ends when this is dropped.
-pub struct ResetWatch {
+pub(crate) struct ResetWatch {
     shared: Shared,
 }
 
 impl ResetWatch {
     /// Starts the thread. It holds the consumer only while it calls the broker, so closing the
     /// consumer is not held up by it.
-    pub fn start(consumer: Weak<HistoryConsumer>) -> Self {
+    pub(crate) fn start(consumer: Weak<HistoryConsumer>) -> Self {
         let shared: Shared = Arc::default();
         std::thread::Builder::new()
             .name("history-resets".into())
@@ -63,7 +63,7 @@ impl ResetWatch {
         wake.notify_one();
     }
 
-    pub fn assigned(&self, partitions: &[(TopicPartition, Epoch)]) {
+    pub(crate) fn assigned(&self, partitions: &[(TopicPartition, Epoch)]) {
         self.report(|pending| {
             for (tp, epoch) in partitions {
                 // Declared at 0, so that the first reset is an increase to Prometheus.
@@ -74,7 +74,7 @@ impl ResetWatch {
         });
     }
 
-    pub fn revoked(&self, partitions: &[(TopicPartition, Epoch)]) {
+    pub(crate) fn revoked(&self, partitions: &[(TopicPartition, Epoch)]) {
         self.report(|pending| {
             for (tp, epoch) in partitions {
                 pending.detector.revoked(tp, *epoch);
@@ -83,7 +83,7 @@ impl ResetWatch {
     }
 
     /// A run of records of one assignment, about to be processed, in offset order.
-    pub fn records<T>(&self, tp: &TopicPartition, epoch: Epoch, records: &[(Record, T)]) {
+    pub(crate) fn records<T>(&self, tp: &TopicPartition, epoch: Epoch, records: &[(Record, T)]) {
         if let Some(span) = Span::of(records.iter().map(|(record, _)| record.offset)) {
             self.report(|pending| pending.detector.observed(tp, epoch, &span));
         }

@@ -35,7 +35,10 @@ use crate::domain::{Record, TopicPartition};
 
 /// Turns a partition's forwarding into the consumer queue off, before its fetching starts (in
 /// the rebalance callback, ahead of the assignment). Returns whether it could.
-pub fn mark_split<C: ConsumerContext>(consumer: &impl Consumer<C>, tp: &TopicPartition) -> bool {
+pub(crate) fn mark_split<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    tp: &TopicPartition,
+) -> bool {
     let Ok(topic) = CString::new(&*tp.topic) else {
         return false;
     };
@@ -54,10 +57,10 @@ pub fn mark_split<C: ConsumerContext>(consumer: &impl Consumer<C>, tp: &TopicPar
 }
 
 /// What a partition queue hands over: a record, or an error with librdkafka's description.
-pub type Fetched = Result<Record, (KafkaError, String)>;
+pub(crate) type Fetched = Result<Record, (KafkaError, String)>;
 
 /// One partition's own queue of fetched records.
-pub struct SplitQueue<K> {
+pub(crate) struct SplitQueue<K> {
     tp: TopicPartition,
     queue: NonNull<rdsys::rd_kafka_queue_t>,
     /// Woken by librdkafka when the queue goes from empty to not empty; the pointer given to
@@ -74,7 +77,7 @@ unsafe impl<K: Send + Sync> Send for SplitQueue<K> {}
 impl<K> SplitQueue<K> {
     /// Opens the partition's own queue on `consumer` (splitting it off the consumer queue if
     /// [`mark_split`] did not); `wake` is notified whenever it goes from empty to not empty.
-    pub fn open<C: ConsumerContext>(
+    pub(crate) fn open<C: ConsumerContext>(
         consumer: Arc<K>,
         tp: TopicPartition,
         wake: Arc<Notify>,
@@ -108,13 +111,13 @@ impl<K> SplitQueue<K> {
         }
     }
 
-    pub fn partition(&self) -> &TopicPartition {
+    pub(crate) fn partition(&self) -> &TopicPartition {
         &self.tp
     }
 
     /// The next record (or error, with librdkafka's description of it) of the partition, if
     /// one was fetched; never waits.
-    pub fn take(&mut self) -> Option<Fetched> {
+    pub(crate) fn take(&mut self) -> Option<Fetched> {
         // SAFETY: the queue is alive until `self` drops; the message is destroyed after its
         // fields were copied.
         unsafe {
@@ -188,7 +191,7 @@ unsafe fn record_of_native(message: &rdsys::rd_kafka_message_t) -> Fetched {
 }
 
 /// The open partition queues of the current assignment, taken one record at a time in turn.
-pub struct SplitQueues<K> {
+pub(crate) struct SplitQueues<K> {
     queues: Vec<SplitQueue<K>>,
     /// The queue whose turn is next.
     next: usize,
@@ -207,18 +210,18 @@ impl<K> Default for SplitQueues<K> {
 
 impl<K> SplitQueues<K> {
     /// What the queues' callbacks notify.
-    pub fn wake(&self) -> Arc<Notify> {
+    pub(crate) fn wake(&self) -> Arc<Notify> {
         self.wake.clone()
     }
 
     /// Adds (or replaces) a partition's queue.
-    pub fn insert(&mut self, queue: SplitQueue<K>) {
+    pub(crate) fn insert(&mut self, queue: SplitQueue<K>) {
         self.remove(queue.partition());
         self.queues.push(queue);
     }
 
     /// Drops a partition's queue, if it has one: its records left there are not taken.
-    pub fn remove(&mut self, tp: &TopicPartition) {
+    pub(crate) fn remove(&mut self, tp: &TopicPartition) {
         if let Some(at) = self.queues.iter().position(|q| q.partition() == tp) {
             self.queues.remove(at);
             if self.next > at {
@@ -227,23 +230,9 @@ impl<K> SplitQueues<K> {
         }
     }
 
-    /// Drops every queue.
-    pub fn clear(&mut self) {
-        self.queues.clear();
-        self.next = 0;
-    }
-
-    pub fn len(&self) -> usize {
-        self.queues.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.queues.is_empty()
-    }
-
     /// The next record of the partitions in turn, starting after the one that gave the last:
     /// each partition with records gives one before any gives a second.
-    pub fn take(&mut self) -> Option<(TopicPartition, Fetched)> {
+    pub(crate) fn take(&mut self) -> Option<(TopicPartition, Fetched)> {
         let count = self.queues.len();
         for step in 0..count {
             let at = (self.next + step) % count;

@@ -18,7 +18,7 @@ use crate::domain::{Record, TopicPartition};
 
 /// A client of the cluster that reads as the service does (committed transactions only) and
 /// looks up the group's committed offsets, without joining the group or committing anything.
-pub struct TailReader {
+pub(crate) struct TailReader {
     /// A client of the group: asks for its committed offsets, nothing else.
     group: BaseConsumer<TailContext>,
     /// A client of no group of the service's: reads the tails.
@@ -52,7 +52,7 @@ fn is_partition_eof(error: &KafkaError) -> bool {
 
 /// Why a tail was not read whole.
 #[derive(Debug, thiserror::Error)]
-pub enum TailError {
+pub(crate) enum TailError {
     #[error(transparent)]
     Kafka(#[from] KafkaError),
     #[error("timed out after {0:?}")]
@@ -63,19 +63,19 @@ pub enum TailError {
 
 /// The newest records below a committed position.
 #[derive(Debug)]
-pub struct Tail {
+pub(crate) struct Tail {
     pub records: Vec<Record>,
 }
 
 impl TailReader {
     /// A reader whose clients summarise their errors on their own.
-    pub fn new(settings: &KafkaSettings) -> Result<Self, KafkaSetupError> {
+    pub(crate) fn new(settings: &KafkaSettings) -> Result<Self, KafkaSetupError> {
         Self::sharing(settings, ClientErrorLog::new(settings.error_log_interval()))
     }
 
     /// A reader whose clients' errors go through `errors`, shared with the service's other
     /// clients.
-    pub fn sharing(
+    pub(crate) fn sharing(
         settings: &KafkaSettings,
         errors: ClientErrorLog,
     ) -> Result<Self, KafkaSetupError> {
@@ -115,7 +115,7 @@ impl TailReader {
     }
 
     /// The group's committed position of each partition; `None` where it has none.
-    pub fn committed(
+    pub(crate) fn committed(
         &self,
         partitions: &[TopicPartition],
         timeout: Duration,
@@ -141,7 +141,7 @@ impl TailReader {
     }
 
     /// Every partition of these topics, from the cluster's metadata.
-    pub fn partitions(
+    pub(crate) fn partitions(
         &self,
         topics: &[String],
         timeout: Duration,
@@ -165,7 +165,7 @@ impl TailReader {
     /// skips them). Reads until the first record at or past `committed`, or the log's end, or
     /// `timeout`, which is an error: a tail read in part proves nothing. Gives up, with an
     /// error, once `stopped` says so.
-    pub fn tail(
+    pub(crate) fn tail(
         &self,
         tp: &TopicPartition,
         committed: i64,

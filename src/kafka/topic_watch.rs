@@ -50,14 +50,14 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
 type Closed = Arc<(Mutex<bool>, Condvar)>;
 
 /// The supervisor's handle on the watching thread; the thread ends when this is dropped.
-pub struct TopicWatch {
+pub(crate) struct TopicWatch {
     closed: Closed,
 }
 
 impl TopicWatch {
     /// Starts the thread. It holds the consumer only while it asks the broker, so closing the
     /// consumer is not held up by it for longer than one lookup.
-    pub fn start<T, C>(consumer: Weak<T>, settings: TopicWatchSettings) -> Self
+    pub(crate) fn start<T, C>(consumer: Weak<T>, settings: TopicWatchSettings) -> Self
     where
         T: Consumer<C> + Send + Sync + 'static,
         C: ConsumerContext + 'static,

@@ -27,7 +27,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 /// What a list written by this version starts with.
-pub const PREFIX: &str = "hs1:";
+pub(crate) const PREFIX: &str = "hs1:";
 
 /// A run of done offsets, both ends included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

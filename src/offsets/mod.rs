@@ -3,9 +3,9 @@
 //! structures; the OffsetCommitter actor owns one window per partition, the Kafka side the
 //! ledger.
 
-pub mod done;
-pub mod ledger;
-pub mod reset;
+pub(crate) mod done;
+pub(crate) mod ledger;
+pub(crate) mod reset;
 mod window;
 
 pub use done::{DoneOffsets, Encoded, Run, Unreadable};

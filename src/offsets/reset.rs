@@ -16,7 +16,7 @@ use crate::domain::{Epoch, TopicPartition};
 
 /// Where a jump was seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JumpKind {
+pub(crate) enum JumpKind {
     /// The first record of an assignment, beyond the group's committed offset.
     AtAssignment,
     /// A record beyond the one before it, while consuming.
@@ -25,7 +25,7 @@ pub enum JumpKind {
 
 /// Offsets skipped between two records, or between the committed offset and the first record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Jump {
+pub(crate) struct Jump {
     pub kind: JumpKind,
     /// The offset that should have come next (the committed offset, at assignment).
     pub expected: i64,
@@ -35,7 +35,7 @@ pub struct Jump {
 
 /// Records lost to an offset reset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Loss {
+pub(crate) struct Loss {
     pub jump: Jump,
     /// The partition's first retained offset when it was checked.
     pub log_start: i64,
@@ -47,7 +47,7 @@ pub struct Loss {
 /// up to the log start (or up to where consumption resumed, if retention has moved on since)
 /// were deleted before they were read; offsets missing above the log start are gaps of the log
 /// itself, not losses.
-pub fn judge(jump: Jump, log_start: i64) -> Option<Loss> {
+pub(crate) fn judge(jump: Jump, log_start: i64) -> Option<Loss> {
     let skipped = log_start.min(jump.resumed) - jump.expected;
     (skipped > 0).then_some(Loss {
         jump,
@@ -58,7 +58,7 @@ pub fn judge(jump: Jump, log_start: i64) -> Option<Loss> {
 
 /// The offsets of one run of records of a partition, in order: its ends and the jumps inside.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Span {
+pub(crate) struct Span {
     pub first: i64,
     pub last: i64,
     /// `(expected, resumed)` for each record beyond its predecessor + 1. Usually empty.
@@ -67,7 +67,7 @@ pub struct Span {
 
 impl Span {
     /// The span of a run of offsets; `None` for an empty run.
-    pub fn of(offsets: impl IntoIterator<Item = i64>) -> Option<Span> {
+    pub(crate) fn of(offsets: impl IntoIterator<Item = i64>) -> Option<Span> {
         let mut offsets = offsets.into_iter();
         let first = offsets.next()?;
         let mut span = Span {
@@ -102,7 +102,7 @@ struct Track {
 
 /// Most jumps of one partition kept for judging while a lookup waits on the broker: gaps
 /// (compaction, transaction markers) can come with every fetch, and the wait can be long.
-pub const MAX_UNJUDGED_JUMPS: usize = 4096;
+pub(crate) const MAX_UNJUDGED_JUMPS: usize = 4096;
 
 impl Track {
     fn push(&mut self, jump: Jump) {
@@ -116,17 +116,18 @@ impl Track {
 
 /// Follows the offsets of the assigned partitions and collects the jumps to judge.
 #[derive(Debug, Default)]
-pub struct Detector {
+pub(crate) struct Detector {
     partitions: HashMap<TopicPartition, Track>,
 }
 
 impl Detector {
-    pub fn new() -> Self {
+    #[cfg(test)]
+    pub(crate) fn new() -> Self {
         Detector::default()
     }
 
     /// A new assignment of `tp`; replaces whatever an earlier one left.
-    pub fn assigned(&mut self, tp: TopicPartition, epoch: Epoch) {
+    pub(crate) fn assigned(&mut self, tp: TopicPartition, epoch: Epoch) {
         self.partitions.insert(
             tp,
             Track {
@@ -140,7 +141,7 @@ impl Detector {
         );
     }
 
-    pub fn revoked(&mut self, tp: &TopicPartition, epoch: Epoch) {
+    pub(crate) fn revoked(&mut self, tp: &TopicPartition, epoch: Epoch) {
         if self.partitions.get(tp).is_some_and(|t| t.epoch == epoch) {
             self.partitions.remove(tp);
         }
@@ -149,7 +150,7 @@ impl Detector {
     /// The group's committed offset for the assignment, looked up after it began; `None` if the
     /// group has none (it starts from the earliest record: nothing is skipped) or the lookup
     /// failed.
-    pub fn started(&mut self, tp: &TopicPartition, epoch: Epoch, committed: Option<i64>) {
+    pub(crate) fn started(&mut self, tp: &TopicPartition, epoch: Epoch, committed: Option<i64>) {
         let Some(track) = self.track(tp, epoch) else {
             return;
         };
@@ -169,7 +170,7 @@ impl Detector {
     }
 
     /// A run of records of `tp`, in order.
-    pub fn observed(&mut self, tp: &TopicPartition, epoch: Epoch, span: &Span) {
+    pub(crate) fn observed(&mut self, tp: &TopicPartition, epoch: Epoch, span: &Span) {
         let Some(track) = self.track(tp, epoch) else {
             return;
         };
@@ -199,7 +200,7 @@ impl Detector {
     }
 
     /// Whether the assignment's committed offset is still to be looked up.
-    pub fn start_unknown(&self, tp: &TopicPartition, epoch: Epoch) -> bool {
+    pub(crate) fn start_unknown(&self, tp: &TopicPartition, epoch: Epoch) -> bool {
         self.partitions
             .get(tp)
             .is_some_and(|t| t.epoch == epoch && !t.start_known)
@@ -208,7 +209,7 @@ impl Detector {
     /// Takes the jumps waiting to be judged, per partition, with how many more were not kept
     /// ([`MAX_UNJUDGED_JUMPS`]). Their log start must be fetched after this call, so that it
     /// is at least the one librdkafka reset to.
-    pub fn take_jumps(&mut self) -> Vec<(TopicPartition, Epoch, Vec<Jump>, u64)> {
+    pub(crate) fn take_jumps(&mut self) -> Vec<(TopicPartition, Epoch, Vec<Jump>, u64)> {
         self.partitions
             .iter_mut()
             .filter(|(_, track)| !track.jumps.is_empty())
@@ -225,7 +226,7 @@ impl Detector {
     }
 
     /// Whether any jump waits to be judged.
-    pub fn has_jumps(&self) -> bool {
+    pub(crate) fn has_jumps(&self) -> bool {
         self.partitions
             .values()
             .any(|track| !track.jumps.is_empty())

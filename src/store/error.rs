@@ -64,7 +64,7 @@ impl StoreError {
 }
 
 /// SQLSTATEs that describe the server's state rather than the statement's.
-pub fn is_server_state(sqlstate: &str) -> bool {
+pub(crate) fn is_server_state(sqlstate: &str) -> bool {
     sqlstate.starts_with("25") || sqlstate.starts_with("57P") || sqlstate.starts_with("53")
 }
 
@@ -87,7 +87,7 @@ impl From<bb8::RunError<tokio_postgres::Error>> for StoreError {
 
 /// A database error on one line: the server's report if it answered, else the error and its
 /// causes (`error connecting to server: Connection refused (os error 111)`).
-pub fn describe(err: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(err: &tokio_postgres::Error) -> String {
     match err.as_db_error() {
         Some(db) => describe_db(db),
         None => with_causes(err),
@@ -96,7 +96,7 @@ pub fn describe(err: &tokio_postgres::Error) -> String {
 
 /// An error and every cause under it, on one line; a PostgreSQL report among the causes is
 /// given in full (a migration tool's own message often says no more than "db error").
-pub fn with_causes(err: &dyn Error) -> String {
+pub(crate) fn with_causes(err: &dyn Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

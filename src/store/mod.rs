@@ -1,15 +1,15 @@
 //! PostgreSQL: the connection pool, the repository of the per-event transaction, migrations
 //! and the invariant check.
 
-pub mod database;
+pub(crate) mod database;
 pub mod dead_letters;
-pub mod error;
+pub(crate) mod error;
 pub mod migrate;
-pub mod pool;
+pub(crate) mod pool;
 pub mod repository;
-pub mod stuck;
-pub mod target;
-pub mod traces;
+pub(crate) mod stuck;
+pub(crate) mod target;
+pub(crate) mod traces;
 pub mod verify;
 
 pub use database::{Database, connect_pool};

@@ -307,10 +307,10 @@ enum Manager {
 /// The one exception is the batch transaction ([`super::repository::BATCH_TRANSACTION`]): it
 /// sets `auto` for itself alone, because the setting also makes PostgreSQL re-plan the
 /// foreign-key check it runs for every history row, and that statement's plan never changes.
-pub const PLAN_CACHE_OPTION: &str = "-c plan_cache_mode=force_custom_plan";
+pub(crate) const PLAN_CACHE_OPTION: &str = "-c plan_cache_mode=force_custom_plan";
 
 /// `config` with [`PLAN_CACHE_OPTION`] added to whatever options the URL already gives.
-pub fn with_plan_cache_option(config: tokio_postgres::Config) -> tokio_postgres::Config {
+pub(crate) fn with_plan_cache_option(config: tokio_postgres::Config) -> tokio_postgres::Config {
     with_options(config, PLAN_CACHE_OPTION)
 }
 

@@ -11,7 +11,7 @@ use crate::domain::TopicPartition;
 
 /// What a retrying replica reports of its stuck event.
 #[derive(Debug, Clone)]
-pub struct StuckReport<'a> {
+pub(crate) struct StuckReport<'a> {
     pub tp: &'a TopicPartition,
     pub offset: i64,
     pub event_id: &'a str,
@@ -22,7 +22,7 @@ pub struct StuckReport<'a> {
 
 /// An operator's request to set a stuck event aside.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetAsideRequest {
+pub(crate) struct SetAsideRequest {
     pub by: String,
     pub reason: Option<String>,
     pub at: DateTime<Utc>,
@@ -30,7 +30,7 @@ pub struct SetAsideRequest {
 
 /// A row of `stuck_events`, as the operator's command reads it.
 #[derive(Debug, Clone)]
-pub struct StuckEvent {
+pub(crate) struct StuckEvent {
     pub event_id: String,
     pub sqlstate: String,
     pub error: String,
@@ -43,7 +43,7 @@ pub struct StuckEvent {
 
 /// Records (or refreshes) the stuck event and answers the operator's pending request to set it
 /// aside, if there is one. Under the pool's deadline.
-pub async fn check_in(
+pub(crate) async fn check_in(
     pool: &PgPool,
     report: &StuckReport<'_>,
 ) -> Result<Option<SetAsideRequest>, StoreError> {
@@ -88,7 +88,7 @@ pub async fn check_in(
 }
 
 /// Says the request for this event is answered: it is a dead letter now, stored by `replica`.
-pub async fn resolved(
+pub(crate) async fn resolved(
     pool: &PgPool,
     tp: &TopicPartition,
     offset: i64,
@@ -109,7 +109,11 @@ pub async fn resolved(
 }
 
 /// Forgets a stuck event that was written after all (nothing to set aside any more).
-pub async fn written(pool: &PgPool, tp: &TopicPartition, offset: i64) -> Result<(), StoreError> {
+pub(crate) async fn written(
+    pool: &PgPool,
+    tp: &TopicPartition,
+    offset: i64,
+) -> Result<(), StoreError> {
     pool.within_deadline(async {
         let conn = pool.get().await?;
         conn.client
@@ -125,7 +129,7 @@ pub async fn written(pool: &PgPool, tp: &TopicPartition, offset: i64) -> Result<
 }
 
 /// The stuck event at these coordinates, if a replica reported one there.
-pub async fn lookup(
+pub(crate) async fn lookup(
     pool: &PgPool,
     tp: &TopicPartition,
     offset: i64,
@@ -162,7 +166,7 @@ pub async fn lookup(
 
 /// Asks the replica holding the stuck event to set it aside. The first request stands: asking
 /// again changes nothing. `false` if no stuck event is recorded there.
-pub async fn request_set_aside(
+pub(crate) async fn request_set_aside(
     pool: &PgPool,
     tp: &TopicPartition,
     offset: i64,

@@ -9,7 +9,7 @@ use crate::domain::traces::Found;
 
 /// Of these markers and of the dead letters at these offsets of `tp`, the ones stored. Runs
 /// under the pool's deadline.
-pub async fn found(
+pub(crate) async fn found(
     pool: &PgPool,
     tp: &TopicPartition,
     markers: &[&str],
