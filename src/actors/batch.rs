@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use super::messages::{
     DecodedEvent, Epoch, Generation, Held, ResolvedOffset, TopicPartition, Work, WriteJob,
 };
-use crate::domain::{HistoryEvent, Resolution, bisect, process_history_batch};
+use crate::domain::{BatchWritten, HistoryEvent, Resolution, bisect, write_history_batch};
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
 use crate::metrics::{OutcomeClass, Stats};
 use crate::store::dead_letters::{self, DeadLetter, DeadLetterRow};
@@ -289,9 +289,12 @@ pub(crate) async fn write_events(
     events: &[Job<Box<DecodedEvent>>],
 ) -> Result<Vec<OutcomeClass>, StoreError> {
     let refs: Vec<&HistoryEvent> = events.iter().map(|job| &job.item.event).collect();
-    let resolutions = repository
+    let BatchWritten {
+        resolutions,
+        stored,
+    } = repository
         .pool()
-        .within_deadline(process_history_batch(repository, &refs))
+        .within_deadline(write_history_batch(repository, &refs))
         .await?;
     let classes: Vec<OutcomeClass> = resolutions
         .into_iter()
@@ -300,7 +303,7 @@ pub(crate) async fn write_events(
             Resolution::AlreadyApplied => OutcomeClass::AlreadyApplied,
         })
         .collect();
-    keep_conflicts(repository, publisher, stats, events, &classes).await?;
+    keep_conflicts(repository, publisher, stats, events, &classes, stored).await?;
     Ok(classes)
 }
 
@@ -309,33 +312,48 @@ pub(crate) async fn write_events(
 /// `conflicting_duplicate`, the record's own bytes) for an operator to list and look at. A
 /// redelivery of the same record finds its letter stored and adds nothing. An error here is the
 /// batch's: its events are written again, found applied, and compared again.
+///
+/// The stored rows come with the batch's answer (`stored`); only those its statement could not
+/// see (committed by another transaction while it ran) are read here, in a round trip of their
+/// own.
 async fn keep_conflicts(
     repository: &PgHistoryRepository,
     publisher: Option<&DeadLetterPublisher>,
     stats: &Stats,
     events: &[Job<Box<DecodedEvent>>],
     classes: &[OutcomeClass],
+    mut stored: Vec<Option<HistoryEvent>>,
 ) -> Result<(), StoreError> {
-    let duplicates: Vec<&Job<Box<DecodedEvent>>> = events
+    let duplicates: Vec<usize> = classes
         .iter()
-        .zip(classes)
+        .enumerate()
         .filter(|(_, class)| **class == OutcomeClass::AlreadyApplied)
-        .map(|(job, _)| job)
+        .map(|(index, _)| index)
         .collect();
     if duplicates.is_empty() {
         return Ok(());
     }
-    let ids: Vec<&str> = duplicates
+    let unseen: Vec<&str> = duplicates
         .iter()
-        .map(|job| job.item.event_id.as_str())
+        .filter(|&&index| stored[index].is_none())
+        .map(|&index| events[index].item.event_id.as_str())
         .collect();
-    // The stored rows never change, so reading them after the commit is as good as inside it.
     let pool = repository.pool();
-    let stored = pool.within_deadline(load_events(pool, &ids)).await?;
+    if !unseen.is_empty() {
+        // The stored rows never change, so reading them after the commit is as good as inside
+        // it.
+        let loaded = pool.within_deadline(load_events(pool, &unseen)).await?;
+        for &index in &duplicates {
+            if stored[index].is_none() {
+                stored[index] = loaded.get(&events[index].item.event_id).cloned();
+            }
+        }
+    }
     let mut conflicts = Vec::new();
-    for job in duplicates {
+    for index in duplicates {
+        let job = &events[index];
         let event = &job.item.event;
-        let Some(row) = stored.get(&event.event_id) else {
+        let Some(row) = &stored[index] else {
             continue;
         };
         if row == event {

@@ -26,8 +26,8 @@ mod outcome_tests;
 pub use decode::{DecodeError, Field};
 pub use event::HistoryEvent;
 pub use outcome::{
-    HistoryRepository, HistoryTransaction, Outcome, Resolution, process_history_batch,
-    process_history_once,
+    BatchWritten, Claim, HistoryRepository, HistoryTransaction, Outcome, Resolution,
+    process_history_batch, process_history_once, write_history_batch,
 };
 pub use values::{
     CommitOutcome, CommitPosition, CommitReason, DeadLetter, Epoch, Generation, PartitionMap,

@@ -38,6 +38,27 @@ impl<E> From<Resolution> for Outcome<E> {
     }
 }
 
+/// What claiming one event's marker found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The marker was claimed by this call: the event is new, and its row was inserted.
+    New,
+    /// The marker was there already: the event was recorded before. With the stored row, when
+    /// the repository read it in the same round trip (it may not see a row another transaction
+    /// committed while this one ran).
+    Stored(Option<HistoryEvent>),
+}
+
+/// What a batch came to: one [`Resolution`] per input event, in input order, and for each
+/// event found [`Resolution::AlreadyApplied`] the stored row of its `event_id` when it is known
+/// (read with the claim, or written by this very batch), so that a conflicting duplicate is
+/// told without another round trip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchWritten {
+    pub resolutions: Vec<Resolution>,
+    pub stored: Vec<Option<HistoryEvent>>,
+}
+
 /// Opens transactions on the History database.
 ///
 /// The futures are `Send` so a repository can be driven from any runtime, actor or task.
@@ -79,15 +100,16 @@ pub trait HistoryTransaction: Send {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Claims the markers of events with distinct ids and inserts the history rows of those it
-    /// claimed; returns, in input order, whether each marker was claimed by this call.
+    /// claimed; returns, in input order, what each claim found ([`Claim`]).
     ///
     /// By default [`try_inbox_batch`](Self::try_inbox_batch) then, if anything was claimed,
-    /// [`save_history_batch`](Self::save_history_batch). A repository may do both in one
-    /// statement instead (one round trip; a statement is atomic by itself).
+    /// [`save_history_batch`](Self::save_history_batch), reading no stored row. A repository
+    /// may do both in one statement instead (one round trip; a statement is atomic by itself),
+    /// and answer the stored rows of the events already there in the same round trip.
     fn claim_and_save_batch(
         &mut self,
         events: &[&HistoryEvent],
-    ) -> impl Future<Output = Result<Vec<bool>, Self::Error>> + Send {
+    ) -> impl Future<Output = Result<Vec<Claim>, Self::Error>> + Send {
         async move {
             let ids: Vec<&str> = events.iter().map(|event| event.event_id.as_str()).collect();
             let inserted = self.try_inbox_batch(&ids).await?;
@@ -100,7 +122,10 @@ pub trait HistoryTransaction: Send {
             if !new_events.is_empty() {
                 self.save_history_batch(&new_events).await?;
             }
-            Ok(inserted)
+            Ok(inserted
+                .into_iter()
+                .map(|new| if new { Claim::New } else { Claim::Stored(None) })
+                .collect())
         }
     }
 
@@ -146,17 +171,31 @@ pub async fn process_history_batch<R: HistoryRepository>(
     repository: &R,
     events: &[&HistoryEvent],
 ) -> Result<Vec<Resolution>, R::Error> {
+    write_history_batch(repository, events)
+        .await
+        .map(|written| written.resolutions)
+}
+
+/// [`process_history_batch`], answering also the stored rows of the duplicates it found
+/// ([`BatchWritten`]).
+pub async fn write_history_batch<R: HistoryRepository>(
+    repository: &R,
+    events: &[&HistoryEvent],
+) -> Result<BatchWritten, R::Error> {
     if events.is_empty() {
-        return Ok(Vec::new());
+        return Ok(BatchWritten {
+            resolutions: Vec::new(),
+            stored: Vec::new(),
+        });
     }
     let mut tx = repository.begin().await?;
     let plan = BatchPlan::new(events);
     let result = run_batch(&mut tx, &plan).await;
     match result {
-        Ok(BatchCommit::Committed(resolutions)) => Ok(resolutions),
-        Ok(BatchCommit::NothingNew(resolutions)) => {
+        Ok(BatchCommit::Committed(written)) => Ok(written),
+        Ok(BatchCommit::NothingNew(written)) => {
             let _ = tx.rollback().await;
-            Ok(resolutions)
+            Ok(written)
         }
         Err(err) => {
             let _ = tx.rollback().await;
@@ -167,9 +206,9 @@ pub async fn process_history_batch<R: HistoryRepository>(
 
 enum BatchCommit {
     /// Something new was written and the commit was confirmed.
-    Committed(Vec<Resolution>),
+    Committed(BatchWritten),
     /// Every event was a duplicate; the transaction is still open and needs its rollback.
-    NothingNew(Vec<Resolution>),
+    NothingNew(BatchWritten),
 }
 
 async fn run_batch<T: HistoryTransaction>(
@@ -181,13 +220,13 @@ async fn run_batch<T: HistoryTransaction>(
         .iter()
         .map(|&index| plan.events[index])
         .collect();
-    let inserted = tx.claim_and_save_batch(&firsts).await?;
-    let resolutions = plan.resolutions(&inserted);
-    if !inserted.contains(&true) {
-        return Ok(BatchCommit::NothingNew(resolutions));
+    let claims = tx.claim_and_save_batch(&firsts).await?;
+    let written = plan.written(claims);
+    if !written.resolutions.contains(&Resolution::Applied) {
+        return Ok(BatchCommit::NothingNew(written));
     }
     tx.commit().await?;
-    Ok(BatchCommit::Committed(resolutions))
+    Ok(BatchCommit::Committed(written))
 }
 
 /// Which input events carry the first occurrence of each `event_id`.
@@ -224,17 +263,31 @@ impl<'a> BatchPlan<'a> {
         }
     }
 
-    fn resolutions(&self, inserted: &[bool]) -> Vec<Resolution> {
-        self.id_slot
-            .iter()
-            .enumerate()
-            .map(|(index, &slot)| {
-                if inserted[slot] && self.first_of_id[slot] == index {
-                    Resolution::Applied
-                } else {
-                    Resolution::AlreadyApplied
+    /// Each input event's resolution and, for a duplicate, the stored row of its id: the one
+    /// the claim read, or the batch's own first event of that id when the batch inserted it.
+    fn written(&self, claims: Vec<Claim>) -> BatchWritten {
+        let mut resolutions = Vec::with_capacity(self.events.len());
+        let mut stored = Vec::with_capacity(self.events.len());
+        for (index, &slot) in self.id_slot.iter().enumerate() {
+            let first = self.first_of_id[slot];
+            match &claims[slot] {
+                Claim::New if first == index => {
+                    resolutions.push(Resolution::Applied);
+                    stored.push(None);
                 }
-            })
-            .collect()
+                Claim::New => {
+                    resolutions.push(Resolution::AlreadyApplied);
+                    stored.push(Some(self.events[first].clone()));
+                }
+                Claim::Stored(row) => {
+                    resolutions.push(Resolution::AlreadyApplied);
+                    stored.push(row.clone());
+                }
+            }
+        }
+        BatchWritten {
+            resolutions,
+            stored,
+        }
     }
 }

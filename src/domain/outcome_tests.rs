@@ -5,7 +5,9 @@ use futures::executor::block_on;
 
 use super::event::HistoryEvent;
 use super::fake_repository::{Call, FakeError, FakeRepository, Step};
-use super::outcome::{Outcome, Resolution, process_history_batch, process_history_once};
+use super::outcome::{
+    Outcome, Resolution, process_history_batch, process_history_once, write_history_batch,
+};
 
 fn event(event_id: &str, from: &str, to: &str, at: &str) -> HistoryEvent {
     HistoryEvent {
@@ -258,6 +260,29 @@ fn a_batch_with_one_event_id_twice_applies_the_first_and_marks_the_rest_already_
         "ids are claimed once each"
     );
     assert_eq!(repo.history().len(), 2);
+}
+
+#[test]
+fn a_repeat_within_a_batch_is_compared_with_the_row_the_batch_wrote_and_an_unread_row_is_unknown() {
+    let repo = FakeRepository::new();
+    once(&repo, &seed_900());
+    let b = seed_901();
+    let mut b_again = seed_901();
+    b_again.to_status = "Closed".into();
+    let a = seed_900();
+    let written = block_on(write_history_batch(&repo, &[&b, &a, &b_again])).unwrap();
+    assert_eq!(
+        written.resolutions,
+        vec![
+            Resolution::Applied,
+            Resolution::AlreadyApplied,
+            Resolution::AlreadyApplied,
+        ]
+    );
+    // The fake claims markers without reading rows: the stored row of the earlier event is not
+    // known; the repeat's is the one this batch wrote, the first 901.
+    assert_eq!(written.stored, vec![None, None, Some(seed_901())]);
+    assert_ne!(written.stored[2].as_ref(), Some(&b_again));
 }
 
 #[test]

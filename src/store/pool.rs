@@ -249,7 +249,10 @@ impl Statements {
                  (event_id, ticket_id, from_status, to_status, changed_at) \
                  SELECT input.* FROM input JOIN claimed USING (event_id) \
                  ORDER BY event_id COLLATE \"C\") \
-                 SELECT event_id FROM input \
+                 SELECT input.event_id, stored.ticket_id, stored.from_status, stored.to_status, \
+                 stored.changed_at FROM input LEFT JOIN LATERAL \
+                 (SELECT * FROM history_events AS row WHERE row.event_id = input.event_id \
+                 LIMIT 1) AS stored ON true \
                  WHERE NOT EXISTS (SELECT FROM claimed WHERE claimed.event_id = input.event_id)"
             ),
             client.prepare(

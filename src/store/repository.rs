@@ -5,7 +5,9 @@ use bb8::PooledConnection;
 use chrono::{DateTime, FixedOffset};
 
 use super::pool::{PgManager, PgPool, StoreError};
-use crate::domain::{HistoryEvent, HistoryRepository, HistoryTransaction};
+use foldhash::fast::RandomState;
+
+use crate::domain::{Claim, HistoryEvent, HistoryRepository, HistoryTransaction};
 
 /// Opens transactions on connections of the pool.
 #[derive(Clone)]
@@ -149,7 +151,7 @@ impl HistoryTransaction for PgTransaction {
     async fn claim_and_save_batch(
         &mut self,
         events: &[&HistoryEvent],
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<Claim>, StoreError> {
         let statement = self.conn.statements().await?.claim_and_save_batch.clone();
         let columns = Columns::of(events);
         let params = columns.params();
@@ -169,12 +171,28 @@ impl HistoryTransaction for PgTransaction {
         } else {
             self.conn.client.query(&statement, &params).await?
         };
-        // The statement answers the events whose marker was already there.
-        let already: std::collections::HashSet<&str, foldhash::fast::RandomState> =
-            rows.iter().map(|row| row.get::<_, &str>(0)).collect();
+        // The statement answers the events whose marker was already there, each with its stored
+        // row as the statement's snapshot sees it (not one another transaction committed while
+        // this one waited on its marker): read here, a redelivery is compared with what is
+        // stored without a round trip of its own.
+        if rows.is_empty() {
+            return Ok(vec![Claim::New; events.len()]);
+        }
+        let mut already: std::collections::HashMap<&str, Option<HistoryEvent>, RandomState> =
+            std::collections::HashMap::with_capacity_and_hasher(rows.len(), RandomState::default());
+        for row in &rows {
+            let event_id: &str = row.get(0);
+            let stored = row
+                .get::<_, Option<String>>(1)
+                .map(|ticket_id| history_event(event_id.to_owned(), ticket_id, row, 2));
+            already.insert(event_id, stored);
+        }
         Ok(events
             .iter()
-            .map(|event| !already.contains(event.event_id.as_str()))
+            .map(|event| match already.remove(event.event_id.as_str()) {
+                Some(stored) => Claim::Stored(stored),
+                None => Claim::New,
+            })
             .collect())
     }
 
@@ -233,15 +251,26 @@ pub async fn load_events(
     Ok(rows
         .iter()
         .map(|row| {
-            let changed_at: DateTime<chrono::Utc> = row.get(4);
-            let event = HistoryEvent {
-                event_id: row.get(0),
-                ticket_id: row.get(1),
-                from_status: row.get(2),
-                to_status: row.get(3),
-                changed_at: changed_at.fixed_offset(),
-            };
+            let event = history_event(row.get(0), row.get(1), row, 2);
             (event.event_id.clone(), event)
         })
         .collect())
+}
+
+/// A stored history row: its id and ticket, then from column `rest` on the statuses and the
+/// time of the change.
+fn history_event(
+    event_id: String,
+    ticket_id: String,
+    row: &tokio_postgres::Row,
+    rest: usize,
+) -> HistoryEvent {
+    let changed_at: DateTime<chrono::Utc> = row.get(rest + 2);
+    HistoryEvent {
+        event_id,
+        ticket_id,
+        from_status: row.get(rest),
+        to_status: row.get(rest + 1),
+        changed_at: changed_at.fixed_offset(),
+    }
 }

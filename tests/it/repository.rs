@@ -3,7 +3,7 @@
 use futures::future::join_all;
 use history_service::domain::{
     HistoryEvent, HistoryRepository, HistoryTransaction, Outcome, Resolution,
-    process_history_batch, process_history_once,
+    process_history_batch, process_history_once, write_history_batch,
 };
 use history_service::store::{PgHistoryRepository, StoreError};
 use tokio_postgres::error::SqlState;
@@ -263,6 +263,37 @@ async fn a_batch_resolves_every_event_as_it_would_alone() {
         .await
         .unwrap();
     assert_eq!(all_old, vec![Resolution::AlreadyApplied; 2]);
+}
+
+/// The batch statement answers each duplicate with its stored row, so that a conflicting
+/// duplicate is told without a round trip of its own.
+#[actix_rt::test]
+async fn a_batch_answers_the_stored_row_of_each_duplicate_in_its_one_statement() {
+    let db = TestDb::migrated().await;
+    let repo = PgHistoryRepository::new(db.pool(2));
+    let stored = event("event-s", "open", "pending", "2026-10-03T09:00:00+02:00");
+    process_history_batch(&repo, &[&stored]).await.unwrap();
+
+    let mut other = stored.clone();
+    other.to_status = "closed".into();
+    let new = event("event-n", "pending", "closed", "2026-10-03T09:05:00Z");
+    let written = write_history_batch(&repo, &[&other, &new, &stored])
+        .await
+        .unwrap();
+    assert_eq!(
+        written.resolutions,
+        vec![
+            Resolution::AlreadyApplied,
+            Resolution::Applied,
+            Resolution::AlreadyApplied,
+        ]
+    );
+    assert_eq!(
+        written.stored,
+        vec![Some(stored.clone()), None, Some(stored.clone())],
+        "the stored row, as written first, for both deliveries of event-s"
+    );
+    assert_ne!(written.stored[0].as_ref(), Some(&other));
 }
 
 #[actix_rt::test]
