@@ -543,6 +543,12 @@ async fn next_record(
     let wake = split.wake();
     if !intake.flow(|flow| flow.is_instance_paused()) {
         if intake.room(max_wait).await {
+            // The consumer queue first, without waiting: rebalance callbacks run only where it
+            // is polled, and the partitions' own queues may never run dry (a backlog behind a
+            // database slower than the broker), so this is its poll once a turn.
+            if let Some(received) = consumer.recv().now_or_never() {
+                return Some(Taken::main(received));
+            }
             loop {
                 if let Some((tp, taken)) = split.take() {
                     return Some(Taken::Record(tp, taken));
