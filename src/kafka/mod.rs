@@ -343,6 +343,7 @@ pub fn item_stream(
         known: Vec::new(),
         handed: HandedOver::default(),
         positions,
+        main_due: tokio::time::Instant::now(),
     };
     futures::stream::unfold(state, move |mut state| async move {
         let mut check_positions = false;
@@ -353,7 +354,7 @@ pub fn item_stream(
                 check_positions = true;
                 None
             }
-            received = next_record(&state.consumer, &state.intake, &mut state.split, max_wait) => received,
+            received = next_record(&state.consumer, &state.intake, &mut state.split, &mut state.main_due, max_wait) => received,
         };
         let mut items = Vec::new();
         state.rebalances(&mut items);
@@ -392,6 +393,8 @@ struct Polling {
     known: Vec<TopicPartition>,
     handed: HandedOver,
     positions: tokio::time::Interval,
+    /// When the consumer queue is next polled even though partition queues have records.
+    main_due: tokio::time::Instant,
 }
 
 impl Polling {
@@ -508,6 +511,10 @@ impl Taken {
 /// How often the client's positions are compared with the records it handed over.
 const PASSED_OVER_CHECK: Duration = Duration::from_secs(1);
 
+/// The longest a rebalance waits for the record stream to poll the consumer queue while every
+/// partition queue has records (beside the turn under way).
+const MAIN_QUEUE_POLL_EVERY: Duration = Duration::from_millis(100);
+
 /// The partitions whose client position moved past the last record handed over (see
 /// [`passed_over`](self::passed_over)). Read between polls, on the polling task: every record
 /// the client handed over before is already among the items yielded.
@@ -538,16 +545,22 @@ async fn next_record(
     consumer: &HistoryConsumer,
     intake: &Intake,
     split: &mut SplitQueues<HistoryConsumer>,
+    main_due: &mut tokio::time::Instant,
     max_wait: Duration,
 ) -> Option<Taken> {
     let wake = split.wake();
     if !intake.flow(|flow| flow.is_instance_paused()) {
         if intake.room(max_wait).await {
-            // The consumer queue first, without waiting: rebalance callbacks run only where it
-            // is polled, and the partitions' own queues may never run dry (a backlog behind a
-            // database slower than the broker), so this is its poll once a turn.
-            if let Some(received) = consumer.recv().now_or_never() {
-                return Some(Taken::main(received));
+            // Rebalance callbacks run only where the consumer queue is polled, and the
+            // partitions' own queues may never run dry (a backlog behind a database slower than
+            // the broker): it is polled, without waiting, at least this often all the same.
+            // Not every turn: a turn may be a record or two when the budget frees in bits.
+            let now = tokio::time::Instant::now();
+            if now >= *main_due {
+                *main_due = now + MAIN_QUEUE_POLL_EVERY;
+                if let Some(received) = consumer.recv().now_or_never() {
+                    return Some(Taken::main(received));
+                }
             }
             loop {
                 if let Some((tp, taken)) = split.take() {
