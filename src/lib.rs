@@ -27,7 +27,7 @@
 //! 1. `kafka/split_queues.rs` — fetched into its partition's own queue, taken in turn;
 //! 2. `kafka/mod.rs` (`item_stream`) — taken from the client in turns, while
 //!    `kafka/intake.rs` says the budget (`domain/budget.rs`) has room;
-//! 3. `actors/supervisor.rs` — grouped per partition, counted by `actors/inflow.rs`;
+//! 3. `actors/supervisor.rs` — grouped per partition, counted by `actors/window_fill.rs`;
 //! 4. `actors/partition.rs` — decoded (`domain/decode.rs`), queued for its window;
 //! 5. `actors/committer.rs` — admitted to the window (`offsets/window.rs`), routed by
 //!    `actors/dispatcher.rs`;

@@ -4,7 +4,7 @@
 //! Kafka side --Records--> PartitionActor --Admit--> OffsetCommitter --WriteJobs--> DbWriter
 //!                              ^  (reply: accepted, window length)            |
 //!                              +--WindowUpdate-- OffsetCommitter <--Resolved--+
-//! Kafka side pauses a full partition itself (Inflow); PartitionActor --Drained--> Kafka side
+//! Kafka side pauses a full partition itself (WindowFill); PartitionActor --Drained--> Kafka side
 //! OffsetCommitter --CommitOffsets--> Kafka side --CommitResult--> OffsetCommitter
 //! ```
 //!
@@ -45,7 +45,7 @@ pub struct StopPartition;
 
 /// PartitionActor → Kafka side: the partition the Kafka side paused has drained (nothing
 /// queued, the window at half): resume fetching it, if that still holds
-/// ([`Inflow::resume`](super::inflow::Inflow::resume)).
+/// ([`WindowFill::resume`](super::window_fill::WindowFill::resume)).
 #[derive(Debug, Clone, PartialEq, Eq, Message)]
 #[rtype(result = "()")]
 pub struct Drained {

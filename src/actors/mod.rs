@@ -5,13 +5,13 @@
 mod batch;
 pub(crate) mod committer;
 pub(crate) mod dispatcher;
-pub mod inflow;
 pub mod messages;
 mod parked;
 pub mod partition;
 pub mod pipeline;
 pub(crate) mod supervisor;
 pub(crate) mod trace_check;
+pub mod window_fill;
 pub(crate) mod writer;
 
 pub use pipeline::Pipeline;

@@ -1,7 +1,7 @@
 //! One PartitionActor per assigned partition: decodes its records and has the OffsetCommitter
 //! admit them (track their offsets and hand them to the DB writers) — never more than
 //! `max_in_flight_per_partition` records between the committed position and the newest one.
-//! The Kafka side pauses the partition when what it handed over fills that ([`Inflow`]); the
+//! The Kafka side pauses the partition when what it handed over fills that ([`WindowFill`]); the
 //! actor asks it to resume once everything is admitted and the window has drained to half.
 //! Each record keeps its share of the instance's budget ([`Held`]) through decoding into its
 //! job, so what waits here counts as held.
@@ -12,12 +12,12 @@ use std::sync::Arc;
 use actix::prelude::*;
 use tracing::{debug, debug_span, warn};
 
-use super::inflow::Inflow;
 use super::messages::{
     Admit, AdmitReply, DecodedEvent, Drained, Epoch, Held, PassedOver, Record, RecordBytes,
     Records, StopPartition, TopicPartition, WindowState, WindowUpdate, Work, WriteJob,
 };
 use super::pipeline::Pipeline;
+use super::window_fill::WindowFill;
 use crate::domain::DeadLetter;
 use crate::domain::HistoryEvent;
 
@@ -27,7 +27,7 @@ pub struct PartitionActor {
     pipeline: Pipeline,
     kafka: Recipient<Drained>,
     /// What this partition holds, shared with the Kafka side that pauses it.
-    inflow: Arc<Inflow>,
+    window_fill: Arc<WindowFill>,
     /// Decoded records waiting for room in the window, in offset order.
     pending: VecDeque<WriteJob>,
     /// The window as the committer last reported it.
@@ -44,14 +44,14 @@ impl PartitionActor {
         epoch: Epoch,
         pipeline: Pipeline,
         kafka: Recipient<Drained>,
-        inflow: Arc<Inflow>,
+        window_fill: Arc<WindowFill>,
     ) -> Self {
         PartitionActor {
             tp,
             epoch,
             pipeline,
             kafka,
-            inflow,
+            window_fill,
             pending: VecDeque::new(),
             window: WindowState::default(),
             admitting: false,
@@ -116,7 +116,7 @@ impl PartitionActor {
     fn observe(&mut self, window: WindowState) {
         if window.version >= self.window.version {
             self.window = window;
-            self.inflow.window(window.len);
+            self.window_fill.window(window.len);
         }
     }
 
@@ -157,7 +157,7 @@ impl PartitionActor {
             match reply {
                 Ok(AdmitReply::Accepted { window }) => {
                     actor.observe(window);
-                    actor.inflow.admitted(take);
+                    actor.window_fill.admitted(take);
                     actor.pump(ctx);
                 }
                 Ok(AdmitReply::Rejected) | Err(_) => {
@@ -169,7 +169,7 @@ impl PartitionActor {
     }
 
     fn resume_if_drained(&mut self) {
-        if self.inflow.drained() {
+        if self.window_fill.drained() {
             debug!(tp = %self.tp, window = self.window.len, "window drained: asking to resume");
             self.kafka.do_send(Drained {
                 tp: self.tp.clone(),
@@ -249,9 +249,10 @@ impl Pipeline {
         tp: TopicPartition,
         epoch: Epoch,
         kafka: Recipient<Drained>,
-    ) -> (Addr<PartitionActor>, Arc<Inflow>) {
-        let inflow = Arc::new(Inflow::new(self.settings().max_in_flight_per_partition));
-        let actor = PartitionActor::new(tp, epoch, self.clone(), kafka, inflow.clone()).start();
-        (actor, inflow)
+    ) -> (Addr<PartitionActor>, Arc<WindowFill>) {
+        let window_fill = Arc::new(WindowFill::new(self.settings().max_in_flight_per_partition));
+        let actor =
+            PartitionActor::new(tp, epoch, self.clone(), kafka, window_fill.clone()).start();
+        (actor, window_fill)
     }
 }

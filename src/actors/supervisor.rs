@@ -12,7 +12,6 @@ use actix::prelude::*;
 use rdkafka::consumer::Consumer;
 use tracing::{debug, info};
 
-use super::inflow::Inflow;
 use super::messages::{
     CommitOffsets, CommitOutcome, CommitPosition, CommitReason, Drained, Epoch, Held, PassedOver,
     Record, Records, StopPartition, TopicPartition,
@@ -20,6 +19,7 @@ use super::messages::{
 use super::partition::PartitionActor;
 use super::pipeline::Pipeline;
 use super::trace_check::TraceCheck;
+use super::window_fill::WindowFill;
 use crate::domain::PartitionMap;
 use crate::domain::flow::{Changes, FlowPolicy};
 use crate::health::DatabaseBehind;
@@ -119,7 +119,7 @@ pub(crate) struct Traces {
 struct Assigned {
     epoch: Epoch,
     actor: Addr<PartitionActor>,
-    inflow: Arc<Inflow>,
+    window_fill: Arc<WindowFill>,
 }
 
 impl KafkaSupervisor {
@@ -180,13 +180,13 @@ impl KafkaSupervisor {
                     let change = self.flow(|flow| flow.assigned(tp.clone()));
                     changes.pause.extend(change.pause);
                     changes.resume.extend(change.resume);
-                    let (actor, inflow) =
+                    let (actor, window_fill) =
                         self.pipeline
                             .start_partition(tp.clone(), epoch, ctx.address().recipient());
                     let assigned = Assigned {
                         epoch,
                         actor,
-                        inflow,
+                        window_fill,
                     };
                     if let Some(old) = self.partitions.insert(tp, assigned) {
                         old.actor.do_send(StopPartition);
@@ -217,7 +217,7 @@ impl KafkaSupervisor {
         match self.partitions.get(&tp) {
             Some(assigned) => {
                 self.resets.records(&tp, assigned.epoch, &records);
-                let full = assigned.inflow.handed_over(records.len());
+                let full = assigned.window_fill.handed_over(records.len());
                 assigned.actor.do_send(Records(records));
                 if full {
                     // Paused now, not when the actor gets to it: the rest of this fetch would
@@ -329,7 +329,7 @@ impl Handler<Drained> for KafkaSupervisor {
         let Some(assigned) = self.partitions.get(&msg.tp) else {
             return;
         };
-        if assigned.epoch == msg.epoch && assigned.inflow.resume() {
+        if assigned.epoch == msg.epoch && assigned.window_fill.resume() {
             debug!(tp = %msg.tp, "partition window drained: resuming it");
             let changes = self.flow(|flow| flow.window_drained(&msg.tp));
             self.apply(&changes);

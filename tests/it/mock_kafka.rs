@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use history_service::actors::Pipeline;
-use history_service::actors::inflow::Inflow;
 use history_service::actors::messages::{
     CommitOffsets, CommitOutcome, CommitPosition, CommitReason, CommitResult, Drained, Epoch,
     InspectWindows, Lost, Record, Records, Revoke, StaleOutcomes, StopPartition, TopicPartition,
     WindowSnapshot,
 };
 use history_service::actors::partition::PartitionActor;
+use history_service::actors::window_fill::WindowFill;
 
 /// What the mock was asked to do.
 #[derive(Default, Debug)]
@@ -78,7 +78,7 @@ pub enum Flow {
 pub struct Assigned {
     epoch: Epoch,
     actor: Addr<PartitionActor>,
-    inflow: Arc<Inflow>,
+    window_fill: Arc<WindowFill>,
 }
 
 pub struct MockKafka {
@@ -109,13 +109,13 @@ pub struct RevokePartition(pub TopicPartition, pub Duration);
 impl Handler<Assign> for MockKafka {
     type Result = ();
     fn handle(&mut self, msg: Assign, ctx: &mut Context<Self>) {
-        let (actor, inflow) =
+        let (actor, window_fill) =
             self.pipeline
                 .start_partition(msg.0.clone(), msg.1, ctx.address().recipient());
         let assigned = Assigned {
             epoch: msg.1,
             actor,
-            inflow,
+            window_fill,
         };
         if let Some(old) = self.partitions.insert(msg.0, assigned) {
             old.actor.do_send(StopPartition);
@@ -138,7 +138,7 @@ impl Handler<Inject> for MockKafka {
                 (record, held)
             })
             .collect();
-        let full = assigned.inflow.handed_over(records.len());
+        let full = assigned.window_fill.handed_over(records.len());
         assigned.actor.do_send(Records(records));
         if full {
             let flow = Flow::Paused(msg.0.clone(), assigned.epoch);
@@ -182,7 +182,7 @@ impl Handler<Queued> for MockKafka {
     fn handle(&mut self, msg: Queued, _: &mut Context<Self>) -> usize {
         self.partitions
             .get(&msg.0)
-            .map_or(0, |assigned| assigned.inflow.queued())
+            .map_or(0, |assigned| assigned.window_fill.queued())
     }
 }
 
@@ -250,7 +250,7 @@ impl Handler<Drained> for MockKafka {
         let Some(assigned) = self.partitions.get(&msg.tp) else {
             return;
         };
-        if assigned.epoch == msg.epoch && assigned.inflow.resume() {
+        if assigned.epoch == msg.epoch && assigned.window_fill.resume() {
             self.log
                 .lock()
                 .unwrap()

@@ -14,7 +14,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-pub struct Inflow {
+pub struct WindowFill {
     /// `pipeline.max_in_flight_per_partition`.
     limit: usize,
     /// Handed to the partition actor and not yet admitted to the window: in its mailbox, its
@@ -27,9 +27,9 @@ pub struct Inflow {
     paused: AtomicBool,
 }
 
-impl std::fmt::Debug for Inflow {
+impl std::fmt::Debug for WindowFill {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inflow")
+        f.debug_struct("WindowFill")
             .field("limit", &self.limit)
             .field("queued", &self.queued())
             .field("window", &self.window.load(Ordering::Acquire))
@@ -38,9 +38,9 @@ impl std::fmt::Debug for Inflow {
     }
 }
 
-impl Inflow {
+impl WindowFill {
     pub fn new(limit: usize) -> Self {
-        Inflow {
+        WindowFill {
             limit: limit.max(1),
             queued: AtomicUsize::new(0),
             window: AtomicUsize::new(0),
@@ -57,7 +57,7 @@ impl Inflow {
     }
 
     /// Partition actor: `count` queued records were admitted to the window (whose new length
-    /// it reports with [`Inflow::window`]).
+    /// it reports with [`WindowFill::window`]).
     pub fn admitted(&self, count: usize) {
         self.queued.fetch_sub(count, Ordering::AcqRel);
     }
@@ -96,62 +96,62 @@ mod tests {
 
     #[test]
     fn a_partition_pauses_once_when_what_it_holds_reaches_the_limit() {
-        let inflow = Inflow::new(10);
-        assert!(!inflow.handed_over(4));
-        inflow.window(4);
-        inflow.admitted(4);
-        assert!(!inflow.handed_over(5), "9 held: room for one more");
-        assert!(inflow.handed_over(1), "10 held: full");
-        assert!(!inflow.handed_over(7), "already paused");
-        assert!(inflow.is_paused());
-        assert_eq!(inflow.queued(), 13);
+        let window_fill = WindowFill::new(10);
+        assert!(!window_fill.handed_over(4));
+        window_fill.window(4);
+        window_fill.admitted(4);
+        assert!(!window_fill.handed_over(5), "9 held: room for one more");
+        assert!(window_fill.handed_over(1), "10 held: full");
+        assert!(!window_fill.handed_over(7), "already paused");
+        assert!(window_fill.is_paused());
+        assert_eq!(window_fill.queued(), 13);
     }
 
     #[test]
     fn records_still_queued_count_against_the_limit_before_they_reach_the_window() {
-        let inflow = Inflow::new(10);
+        let window_fill = WindowFill::new(10);
         assert!(
-            inflow.handed_over(10),
+            window_fill.handed_over(10),
             "a burst fills it before the actor ran"
         );
     }
 
     #[test]
     fn it_resumes_only_when_nothing_is_queued_and_the_window_is_at_half() {
-        let inflow = Inflow::new(10);
-        assert!(inflow.handed_over(12));
-        inflow.window(10);
-        inflow.admitted(10);
-        assert!(!inflow.drained(), "two still queued");
-        inflow.window(8);
-        inflow.admitted(2);
-        assert!(!inflow.drained(), "window above half");
-        inflow.window(5);
-        assert!(inflow.drained());
-        assert!(inflow.resume());
-        assert!(!inflow.is_paused());
-        assert!(!inflow.resume(), "a second request finds it resumed");
+        let window_fill = WindowFill::new(10);
+        assert!(window_fill.handed_over(12));
+        window_fill.window(10);
+        window_fill.admitted(10);
+        assert!(!window_fill.drained(), "two still queued");
+        window_fill.window(8);
+        window_fill.admitted(2);
+        assert!(!window_fill.drained(), "window above half");
+        window_fill.window(5);
+        assert!(window_fill.drained());
+        assert!(window_fill.resume());
+        assert!(!window_fill.is_paused());
+        assert!(!window_fill.resume(), "a second request finds it resumed");
     }
 
     #[test]
     fn a_resume_request_overtaken_by_new_records_leaves_it_paused() {
-        let inflow = Inflow::new(10);
-        assert!(inflow.handed_over(10));
-        inflow.window(0);
-        inflow.admitted(10);
-        assert!(inflow.drained(), "the actor asks for the resume");
+        let window_fill = WindowFill::new(10);
+        assert!(window_fill.handed_over(10));
+        window_fill.window(0);
+        window_fill.admitted(10);
+        assert!(window_fill.drained(), "the actor asks for the resume");
         assert!(
-            !inflow.handed_over(3),
+            !window_fill.handed_over(3),
             "handed over before the request was served"
         );
-        assert!(!inflow.resume());
-        assert!(inflow.is_paused());
+        assert!(!window_fill.resume());
+        assert!(window_fill.is_paused());
     }
 
     #[test]
     fn an_unpaused_partition_is_never_drained() {
-        let inflow = Inflow::new(10);
-        assert!(!inflow.drained());
-        assert!(!inflow.resume());
+        let window_fill = WindowFill::new(10);
+        assert!(!window_fill.drained());
+        assert!(!window_fill.resume());
     }
 }
