@@ -40,6 +40,19 @@ async fn rows_per_partition(app: &TestApp) -> BTreeMap<i32, i64> {
     counts
 }
 
+/// Waits until the service says whether its partitions take turns, and requires that they do.
+async fn assert_partitions_take_turns(app: &TestApp) {
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_partitions_in_turn").is_some()
+    })
+    .await;
+    assert_eq!(
+        app.metrics().await.get("history_partitions_in_turn"),
+        Some(1.0),
+        "four partitions under the default budget take turns"
+    );
+}
+
 /// Taken from one consumer queue, in the order librdkafka fetched them, the first rows were
 /// all one partition's (its first batch, thousands of records, ahead of everyone else's); each
 /// partition's records now come from a queue of its own, one partition's after another's.
@@ -54,15 +67,7 @@ async fn backlogged_partitions_are_written_side_by_side_under_a_slow_database() 
     app.produce(&backlog()).await;
     app.db.slow_each_write(0.02).await;
     app.start();
-    app.wait_for_metrics(Duration::from_secs(30), |m| {
-        m.get("history_partitions_in_turn").is_some()
-    })
-    .await;
-    assert_eq!(
-        app.metrics().await.get("history_partitions_in_turn"),
-        Some(1.0),
-        "four partitions under the default budget take turns"
-    );
+    assert_partitions_take_turns(&app).await;
 
     // The first rows: far fewer than one partition's backlog.
     const FIRST: i64 = 400;
@@ -111,16 +116,7 @@ async fn a_member_joining_while_partitions_take_turns_is_served_before_the_backl
     // A few hundred events a second: the backlog lasts over a minute.
     first.db.slow_each_write(0.05).await;
     first.start();
-    first
-        .wait_for_metrics(Duration::from_secs(30), |m| {
-            m.get("history_partitions_in_turn").is_some()
-        })
-        .await;
-    assert_eq!(
-        first.metrics().await.get("history_partitions_in_turn"),
-        Some(1.0),
-        "four partitions under the default budget take turns"
-    );
+    assert_partitions_take_turns(&first).await;
     first.wait_rows(100, Duration::from_secs(60)).await;
 
     let mut second = TestApp::spawn(|o| {
