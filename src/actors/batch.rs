@@ -35,12 +35,85 @@ pub(crate) struct Job<T> {
 }
 
 impl<T> Job<T> {
+    /// The job's record without its item, and the item.
+    fn split(self) -> (Job<()>, T) {
+        let Job {
+            tp,
+            epoch,
+            generation,
+            offset,
+            item,
+            held,
+        } = self;
+        let job = Job {
+            tp,
+            epoch,
+            generation,
+            offset,
+            item: (),
+            held,
+        };
+        (job, item)
+    }
+
+    /// Another job for the same record, holding none of its share of the budget (the record's
+    /// own job holds it until it is resolved).
+    pub(crate) fn for_same_record<U>(&self, item: U) -> Job<U> {
+        Job {
+            tp: self.tp.clone(),
+            epoch: self.epoch,
+            generation: self.generation,
+            offset: self.offset,
+            item,
+            held: Held::nothing(),
+        }
+    }
+
     pub(crate) fn position(&self) -> ResolvedOffset {
         ResolvedOffset {
             tp: self.tp.clone(),
             epoch: self.epoch,
             generation: self.generation,
             offset: self.offset,
+        }
+    }
+}
+
+impl Job<()> {
+    fn with<T>(self, item: T) -> Job<T> {
+        Job {
+            tp: self.tp,
+            epoch: self.epoch,
+            generation: self.generation,
+            offset: self.offset,
+            item,
+            held: self.held,
+        }
+    }
+}
+
+impl From<WriteJob> for Job<Work> {
+    fn from(job: WriteJob) -> Self {
+        Job {
+            tp: job.tp,
+            epoch: job.epoch,
+            generation: job.generation,
+            offset: job.offset,
+            item: job.work,
+            held: job.held,
+        }
+    }
+}
+
+impl From<Job<Work>> for WriteJob {
+    fn from(job: Job<Work>) -> Self {
+        WriteJob {
+            tp: job.tp,
+            epoch: job.epoch,
+            generation: job.generation,
+            offset: job.offset,
+            work: job.item,
+            held: job.held,
         }
     }
 }
@@ -55,32 +128,11 @@ pub(crate) struct Batch {
 impl Batch {
     pub(crate) fn of(jobs: impl IntoIterator<Item = WriteJob>) -> Self {
         let mut batch = Batch::default();
-        for WriteJob {
-            tp,
-            epoch,
-            generation,
-            offset,
-            work,
-            held,
-        } in jobs
-        {
+        for job in jobs {
+            let (job, work) = Job::from(job).split();
             match work {
-                Work::Event(item) => batch.events.push(Job {
-                    tp,
-                    epoch,
-                    generation,
-                    offset,
-                    item,
-                    held,
-                }),
-                Work::DeadLetter(item) => batch.letters.push(Job {
-                    tp,
-                    epoch,
-                    generation,
-                    offset,
-                    item,
-                    held,
-                }),
+                Work::Event(item) => batch.events.push(job.with(item)),
+                Work::DeadLetter(item) => batch.letters.push(job.with(item)),
             }
         }
         batch
@@ -100,33 +152,13 @@ impl Batch {
 
     /// The jobs again, as they came to the writer.
     pub(crate) fn into_jobs(self) -> impl Iterator<Item = WriteJob> {
-        let job = |tp, epoch, generation, offset, work, held| WriteJob {
-            tp,
-            epoch,
-            generation,
-            offset,
-            work,
-            held,
-        };
-        let events = self.events.into_iter().map(move |j| {
-            job(
-                j.tp,
-                j.epoch,
-                j.generation,
-                j.offset,
-                Work::Event(j.item),
-                j.held,
-            )
+        let events = self.events.into_iter().map(|job| {
+            let (job, item) = job.split();
+            WriteJob::from(job.with(Work::Event(item)))
         });
-        let letters = self.letters.into_iter().map(move |j| {
-            job(
-                j.tp,
-                j.epoch,
-                j.generation,
-                j.offset,
-                Work::DeadLetter(j.item),
-                j.held,
-            )
+        let letters = self.letters.into_iter().map(|job| {
+            let (job, item) = job.split();
+            WriteJob::from(job.with(Work::DeadLetter(item)))
         });
         events.chain(letters)
     }
@@ -369,15 +401,11 @@ async fn keep_conflicts(
             "conflicting duplicate: same event_id, different content; the stored row is kept \
              and this version goes to the dead-letter table (reason conflicting_duplicate)"
         );
-        conflicts.push(Job {
-            tp: job.tp.clone(),
-            epoch: job.epoch,
-            generation: job.generation,
-            offset: job.offset,
-            item: DeadLetter::conflicting_duplicate(row, event, job.item.record.clone()),
-            // The event's job holds the record's share until it is resolved.
-            held: Held::nothing(),
-        });
+        conflicts.push(job.for_same_record(DeadLetter::conflicting_duplicate(
+            row,
+            event,
+            job.item.record.clone(),
+        )));
     }
     if conflicts.is_empty() {
         return Ok(());

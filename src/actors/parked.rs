@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use super::batch::{Job, Rejection, rejection, write_dead_letters, write_events};
 use super::committer::OffsetCommitter;
-use super::messages::{DecodedEvent, Held, InspectWindows, ResolvedOffset};
+use super::messages::{DecodedEvent, InspectWindows, ResolvedOffset};
 use crate::domain::backoff::Backoff;
 use crate::domain::values::SET_ASIDE;
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
@@ -72,13 +72,7 @@ impl ParkedEvent {
     ) -> Self {
         stats.outcomes(OutcomeClass::Unknown, 1);
         stats.retry();
-        metrics::set_stuck_event(
-            &job.tp,
-            job.offset,
-            &job.item.event_id,
-            &rejection.sqlstate,
-            true,
-        );
+        mark_stuck(&job, &rejection, true);
         error!(
             writer,
             partition = %job.tp,
@@ -144,21 +138,14 @@ impl ParkedEvent {
             };
             match stuck::check_in(pool, &report).await {
                 Ok(Some(request)) => {
-                    let letter = Job {
-                        tp: job.tp.clone(),
-                        epoch: job.epoch,
-                        generation: job.generation,
-                        offset: job.offset,
-                        item: DeadLetter::set_aside(
-                            &job.item.event_id,
-                            job.item.record.clone(),
-                            &request.by,
-                            request.at,
-                            request.reason.as_deref(),
-                            &rejected.to_string(),
-                        ),
-                        held: Held::nothing(),
-                    };
+                    let letter = job.for_same_record(DeadLetter::set_aside(
+                        &job.item.event_id,
+                        job.item.record.clone(),
+                        &request.by,
+                        request.at,
+                        request.reason.as_deref(),
+                        &rejected.to_string(),
+                    ));
                     let stored = pool
                         .within_deadline(write_dead_letters(
                             &repository,
@@ -196,15 +183,7 @@ impl ParkedEvent {
     /// Takes in what a retry came to: counted, logged, the stuck-event gauge kept true.
     pub(crate) fn settle(&mut self, result: Retry, stats: &Stats, replica: &str) -> Settled {
         let job = &self.job;
-        let unstick = |rejection: &Rejection| {
-            metrics::set_stuck_event(
-                &job.tp,
-                job.offset,
-                &job.item.event_id,
-                &rejection.sqlstate,
-                false,
-            )
-        };
+        let unstick = |rejection: &Rejection| mark_stuck(job, rejection, false);
         match result {
             Retry::Revoked => {
                 unstick(&self.rejection);
@@ -254,13 +233,7 @@ impl ParkedEvent {
                 if let Some(rejection) = rejection(&error) {
                     if rejection.sqlstate != self.rejection.sqlstate {
                         unstick(&self.rejection);
-                        metrics::set_stuck_event(
-                            &job.tp,
-                            job.offset,
-                            &job.item.event_id,
-                            &rejection.sqlstate,
-                            true,
-                        );
+                        mark_stuck(job, &rejection, true);
                         warn!(
                             partition = %job.tp,
                             offset = job.offset,
@@ -285,4 +258,15 @@ impl ParkedEvent {
             }
         }
     }
+}
+
+/// `history_stuck_event` of the event, for this reason: 1 while it is stuck, 0 once not.
+fn mark_stuck(job: &Job<Box<DecodedEvent>>, rejection: &Rejection, stuck: bool) {
+    metrics::set_stuck_event(
+        &job.tp,
+        job.offset,
+        &job.item.event_id,
+        &rejection.sqlstate,
+        stuck,
+    );
 }
