@@ -46,6 +46,7 @@ pub fn prometheus() -> PrometheusHandle {
 
 async fn metrics_endpoint(handle: web::Data<PrometheusHandle>) -> HttpResponse {
     handle.run_upkeep();
+    crate::metrics::sample_for_scrape();
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(handle.render())

@@ -3,8 +3,8 @@
 //! process reads back itself — the outcomes and retries its exit line and the demo's report
 //! print, the pauses, when the first record came — and the write health behind readiness.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::domain::{CommitReason, TopicPartition};
@@ -586,4 +586,34 @@ pub fn set_fetch_observed(brokers: usize, ratio: Option<f64>, heap: Option<u64>)
 /// relay retries it).
 pub fn dead_letter_publish_failures(count: u64) {
     metrics::counter!(DEAD_LETTER_PUBLISH_FAILURES_TOTAL).increment(count);
+}
+
+/// Where `history_held_records` and `history_held_bytes` are read from when `/metrics` is
+/// rendered: each live budget's level, `None` once it is gone. The level changes twice per
+/// record, on the thread that takes it and on the writer's that drops it; a gauge kept in step
+/// cost each change two more atomic updates of cache lines the other core holds.
+pub(crate) type HeldLevel = Box<dyn Fn() -> Option<(usize, usize)> + Send + Sync>;
+
+static HELD_LEVELS: Mutex<Vec<HeldLevel>> = Mutex::new(Vec::new());
+
+/// Adds a budget's level to what the held gauges show.
+pub(crate) fn show_held_level(level: HeldLevel) {
+    HELD_LEVELS.lock().unwrap().push(level);
+}
+
+/// Sets the gauges read at a scrape rather than on every change: called just before `/metrics`
+/// is rendered.
+pub fn sample_for_scrape() {
+    let mut levels = HELD_LEVELS.lock().unwrap();
+    let mut held = (0, 0);
+    levels.retain(|level| match level() {
+        Some((records, bytes)) => {
+            held = (held.0 + records, held.1 + bytes);
+            true
+        }
+        None => false,
+    });
+    drop(levels);
+    metrics::gauge!(HELD_RECORDS).set(held.0 as f64);
+    metrics::gauge!(HELD_BYTES).set(held.1 as f64);
 }

@@ -127,7 +127,12 @@ pub(crate) struct Batch {
 
 impl Batch {
     pub(crate) fn of(jobs: impl IntoIterator<Item = WriteJob>) -> Self {
-        let mut batch = Batch::default();
+        let jobs = jobs.into_iter();
+        // Events are the rule, dead letters the exception.
+        let mut batch = Batch {
+            events: Vec::with_capacity(jobs.size_hint().0),
+            letters: Vec::new(),
+        };
         for job in jobs {
             let (job, work) = Job::from(job).split();
             match work {

@@ -34,7 +34,13 @@ impl Dispatcher {
 
     /// Sends jobs to their writers, one message per writer.
     pub fn dispatch(&self, jobs: impl IntoIterator<Item = WriteJob>) {
-        let mut per_writer: Vec<Vec<WriteJob>> = vec![Vec::new(); self.writers.len()];
+        let jobs = jobs.into_iter();
+        // Routed by a hash, each writer gets about its share: room for a margin over it, so
+        // that the lists are not copied as they grow (a thousand jobs at a time).
+        let share = jobs.size_hint().0 / self.writers.len();
+        let mut per_writer: Vec<Vec<WriteJob>> = (0..self.writers.len())
+            .map(|_| Vec::with_capacity(share + share / 4 + 8))
+            .collect();
         for job in jobs {
             let index = match &job.work {
                 Work::Event(event) => self.route(&event.event_id),

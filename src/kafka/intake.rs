@@ -41,8 +41,6 @@ impl std::fmt::Debug for Intake {
 impl Intake {
     pub fn new(limits: Limits) -> Arc<Self> {
         let changed = Arc::new(Notify::new());
-        let records = metrics::gauge!(crate::metrics::HELD_RECORDS);
-        let bytes = metrics::gauge!(crate::metrics::HELD_BYTES);
         let peak_gauge = metrics::gauge!(crate::metrics::HELD_RECORDS_PEAK);
         peak_gauge.set(0.0);
         // The peak as a number to compare without a lock, and under the lock the one that is
@@ -62,10 +60,6 @@ impl Intake {
                         peak_gauge.set(after.records as f64);
                     }
                 }
-                // By the change, not the level: releases on several threads can report their
-                // levels out of order, and a gauge set last to a stale level would stay wrong.
-                records.increment(after.records as f64 - before.records as f64);
-                bytes.increment(after.bytes as f64 - before.bytes as f64);
                 let below =
                     |before: usize, after: usize, mark: usize| before >= mark && after < mark;
                 let freed = below(before.records, after.records, limits.records)
@@ -77,11 +71,17 @@ impl Intake {
                 }
             }
         };
-        Arc::new(Intake {
+        let intake = Arc::new(Intake {
             budget: Budget::new(limits, Box::new(observer)),
             changed,
             flow: Mutex::new(FlowPolicy::new()),
-        })
+        });
+        let budget = Arc::downgrade(&intake.budget);
+        crate::metrics::show_held_level(Box::new(move || {
+            let level = budget.upgrade()?.level();
+            Some((level.records, level.bytes))
+        }));
+        intake
     }
 
     pub fn level(&self) -> Level {
