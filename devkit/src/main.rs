@@ -47,6 +47,26 @@ enum Command {
     /// Run an embedded Kafka-protocol broker (librdkafka's mock cluster) for local development.
     /// Prints `bootstrap.servers=HOST:PORT` as its first line; runs until SIGINT or SIGTERM.
     DevKafka(DevKafkaArgs),
+    /// The benchmark's floor consumer (run by `bench`, not by hand): consumes `--records`
+    /// records from the start, copying (and with `--decode`, decoding) each, and prints `FLOOR
+    /// records=N cpu_ns=C`, its process's CPU from the first record to the last.
+    #[command(hide = true)]
+    BenchFloor(BenchFloorArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchFloorArgs {
+    #[arg(long)]
+    brokers: String,
+    #[arg(long)]
+    topic: String,
+    #[arg(long)]
+    group: String,
+    #[arg(long)]
+    records: usize,
+    /// Decode each payload too, accepting payloads up to this many bytes.
+    #[arg(long, value_name = "MAX_PAYLOAD_BYTES")]
+    decode: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -160,6 +180,18 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Demo(args) => runtime.block_on(run_demo(&settings, &args)),
         Command::Bench(args) => runtime.block_on(run_bench(&settings, &args)),
+        Command::BenchFloor(args) => history_devkit::bench::floor::consume(
+            &args.brokers,
+            &args.topic,
+            &args.group,
+            args.records,
+            args.decode,
+        )
+        .map(|reading| {
+            println!("{}", reading.line());
+            ExitCode::SUCCESS
+        })
+        .map_err(anyhow::Error::from),
         Command::DevKafka(args) => runtime.block_on(async {
             history_devkit::dev_kafka(
                 &args.topic,

@@ -55,6 +55,8 @@ fn a_small_benchmark_runs_every_phase_and_prints_its_result_line() {
         "pg_us_per_event",
         "service_us_per_event",
         "server_pg_us_per_event",
+        "consume_us_per_event",
+        "decode_us_per_event",
     ] {
         assert!(fields.get(key).is_some_and(|v| *v > 0.0), "{key} in {last}");
     }

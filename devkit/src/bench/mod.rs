@@ -22,6 +22,7 @@
 mod backends;
 mod child;
 pub mod fairness;
+pub mod floor;
 mod latency;
 mod phases;
 mod report;
@@ -37,6 +38,7 @@ use crate::workload::{self, WorkloadSpec};
 use history_service::config::Settings;
 use history_service::store::{Database, migrate, verify};
 
+pub use floor::Floors;
 pub use report::{BenchReport, Latency, PgCpu, Rate, Transactions};
 
 /// What to measure.
@@ -143,6 +145,20 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
         service.per_second()
     );
 
+    eprintln!("floor: the same records consumed, copied (and decoded) by a bare poll loop...");
+    let floors = floor::measure(
+        &brokers,
+        TOPIC,
+        records.len(),
+        &run_id,
+        settings.pipeline.max_payload_bytes,
+    )
+    .await?;
+    eprintln!(
+        "  {:.2} us per event consumed, {:.2} us consumed and decoded",
+        floors.consume_us, floors.decode_us
+    );
+
     eprintln!("ceiling: the batched statement alone...");
     let ceiling_db = databases.create("ceiling").await?;
     let (ceiling, ceiling_pg_cpu) =
@@ -190,6 +206,7 @@ pub async fn run(settings: &Settings, options: &BenchOptions) -> Result<BenchRep
         server_ceiling,
         service_pg_cpu: drain.pg_cpu,
         service_cpu: drain.service_cpu,
+        floors,
         ceiling_pg_cpu,
         server_pg_cpu,
         naive,

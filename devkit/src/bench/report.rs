@@ -36,6 +36,8 @@ pub struct BenchReport {
     pub service_pg_cpu: PgCpu,
     /// CPU of the service process during the drain.
     pub service_cpu: Duration,
+    /// What a bare consumer of the same records pays per event ([`super::floor`]).
+    pub floors: super::Floors,
     /// CPU of PostgreSQL's backends serving the (client-side) ceiling.
     pub ceiling_pg_cpu: PgCpu,
     /// CPU of PostgreSQL's backends running the server ceiling.
@@ -108,6 +110,11 @@ impl BenchReport {
             per_event_us(self.server_pg_cpu.autovacuum, self.server_ceiling.events),
         ));
         out.push_str(&format!(
+            "  CPU per event of a bare poll loop on the same records: {:.2} us consumed and \
+             copied, {:.2} us consumed, copied and decoded (the service's floor)\n",
+            self.floors.consume_us, self.floors.decode_us
+        ));
+        out.push_str(&format!(
             "  service transactions: {}, {:.1} ms and {:.0} events each on average\n",
             self.transactions.count, self.transactions.mean_ms, self.transactions.mean_events
         ));
@@ -147,7 +154,8 @@ impl BenchReport {
         );
         format!(
             "RESULT events={} service_eps={:.0} ceiling_eps={:.0} naive_eps={:.0} ceiling_ratio={:.2} naive_ratio={:.1} peak_rss_mb={:.1} p99_ms={:.1} \
-             server_ceiling_eps={:.0} server_ratio={:.2} pg_us_per_event={:.1} service_us_per_event={:.1} server_pg_us_per_event={:.1}",
+             server_ceiling_eps={:.0} server_ratio={:.2} pg_us_per_event={:.1} service_us_per_event={:.1} server_pg_us_per_event={:.1} \
+             consume_us_per_event={:.2} decode_us_per_event={:.2}",
             self.options.events,
             service,
             ceiling,
@@ -160,7 +168,9 @@ impl BenchReport {
             service / server.max(1e-9),
             self.pg_us_per_event(),
             self.service_us_per_event(),
-            self.server_pg_us_per_event()
+            self.server_pg_us_per_event(),
+            self.floors.consume_us,
+            self.floors.decode_us
         )
     }
 }
