@@ -565,7 +565,7 @@ pub fn set_fetch_sizing(brokers: usize, ratio: usize, client_bytes: usize) {
     metrics::gauge!(KAFKA_CLIENT_HEAP_LIMIT).set(client_bytes as f64);
 }
 
-/// Whether the partitions take turns ([`crate::kafka::split_queues`]).
+/// Whether the partitions take turns (`crate::kafka::split_queues`).
 pub fn set_partitions_in_turn(in_turn: bool) {
     metrics::gauge!(PARTITIONS_IN_TURN).set(if in_turn { 1.0 } else { 0.0 });
 }

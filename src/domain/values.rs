@@ -91,7 +91,7 @@ pub struct CommitPosition {
     pub generation: Generation,
     pub offset: i64,
     /// Offsets above `offset` already resolved: the commit's metadata lists them, so the next
-    /// owner skips them ([`crate::offsets::done`]).
+    /// owner skips them (`crate::offsets::done`).
     pub done: std::sync::Arc<crate::offsets::done::DoneOffsets>,
 }
 

@@ -22,12 +22,12 @@
 //!
 //! Every commit of this process — periodic (commit worker thread), revoke (here), shutdown
 //! (supervisor) — goes through [`SupervisorContext::commit`], which checks it against the
-//! ledger of assignments and confirmed positions ([`Assignments`]): a position is only sent
+//! ledger of assignments and confirmed positions (`Assignments`): a position is only sent
 //! while its assignment is current and it is ahead of what its assignment confirmed, so the
 //! group's position never moves backwards by our doing, whichever path commits and in whatever
 //! order they race. The check and the queueing happen under the ledger's lock, the wait for the
 //! broker's verdict without it. And only one commit is with librdkafka at a time
-//! ([`CommitTurn`]): librdkafka sends a commit it held for an unavailable coordinator behind
+//! (`CommitTurn`): librdkafka sends a commit it held for an unavailable coordinator behind
 //! later ones, so a later commit is queued only once the one before has its verdict.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -177,7 +177,7 @@ impl SupervisorContext {
         self
     }
 
-    /// Watches that the fetch requests' sizing still holds ([`super::fetch_sizing`]).
+    /// Watches that the fetch requests' sizing still holds (`super::fetch_sizing`).
     pub fn with_sizing(mut self, sizing: SizingWatch) -> Self {
         self.sizing = Some(sizing);
         self
@@ -279,7 +279,7 @@ impl SupervisorContext {
     /// verdict until `deadline`, and reports what is committed now. A position of a partition
     /// no longer assigned here (its epoch is over) is not sent: it is its next owner's to
     /// commit. A commit still waiting at the deadline counts as not made, and stays
-    /// outstanding: no later commit is sent before its verdict came ([`CommitTurn`]). The
+    /// outstanding: no later commit is sent before its verdict came (`CommitTurn`). The
     /// ledger's lock is held only to check the positions and queue the commit, never while
     /// the broker answers.
     pub fn commit<C: Consumer<SupervisorContext>>(
@@ -385,7 +385,7 @@ impl SupervisorContext {
         );
     }
 
-    /// Forgets the commit outstanding, for the close (see [`CommitTurn::release`]).
+    /// Forgets the commit outstanding, for the close (see `CommitTurn::release`).
     pub fn release_outstanding_commit(&self) {
         if let Some(earlier) = self.turn.release() {
             info!(

@@ -92,7 +92,7 @@ impl DeadLetterPublisher {
         self.wake.notify_one();
     }
 
-    /// Publishes up to [`ROUND_LIMIT`] pending letters and records how each went; a letter
+    /// Publishes up to `ROUND_LIMIT` pending letters and records how each went; a letter
     /// that failed is retried after `retry_initial`, doubling up to `retry_max` (unless
     /// `ignore_backoff`: an operator asking now).
     pub async fn publish_round(

@@ -1,4 +1,4 @@
-//! The lists of done offsets on the Kafka side ([`crate::offsets::done`]): written into each
+//! The lists of done offsets on the Kafka side (`crate::offsets::done`): written into each
 //! commit's metadata, read back with the committed positions when partitions are assigned.
 //!
 //! Reading happens inside the assignment's callback, before the poll hands over any record of

@@ -45,7 +45,7 @@ pub struct Lost {
 
 /// Kafka side → OffsetCommitter, when partitions are assigned, before any of their records:
 /// what each one's previous owner listed as done above the position it committed
-/// ([`crate::offsets::done`]). Records listed are resolved without being written.
+/// (`crate::offsets::done`). Records listed are resolved without being written.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
 pub struct Inherit(pub Vec<InheritedDone>);

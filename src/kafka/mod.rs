@@ -235,7 +235,7 @@ pub struct ClusterShape {
     /// reads, each response costing memory of its own.
     pub brokers: usize,
     /// The partitions of the configured topics that exist: the most this instance can be
-    /// assigned, each with a prefetch queue of its own ([`split_queues`]).
+    /// assigned, each with a prefetch queue of its own (`split_queues`).
     pub partitions: usize,
 }
 
@@ -325,10 +325,10 @@ const RECORDS_PER_TURN: usize = 1024;
 /// without waiting, up to `RECORDS_PER_TURN` and while the budget has room. Rebalance
 /// callbacks run while the consumer queue is polled, so the events they queue are yielded
 /// before the record that poll returned. Each assigned partition's records come from a queue of
-/// its own ([`split_queues`]), one partition's record after another's. A record is taken from
+/// its own (`split_queues`), one partition's record after another's. A record is taken from
 /// the client only while the `intake` has room; when it had none for `max_wait`, every
 /// partition is paused and the client polled for callbacks alone until the service holds half
-/// of its budget ([`intake`]).
+/// of its budget (`intake`).
 pub fn item_stream(
     consumer: Arc<HistoryConsumer>,
     intake: Arc<Intake>,

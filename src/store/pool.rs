@@ -18,7 +18,7 @@ use super::target::{PgTls, SessionLimits};
 /// does not exist, refuses, is shutting down), so that what is logged says so.
 ///
 /// It also bounds the work done on its connections ([`PgPool::within_deadline`]) and replaces
-/// them when that work says the sessions are bad: see [`Generation`].
+/// them when that work says the sessions are bad: see `Generation`.
 #[derive(Clone)]
 pub struct PgPool {
     pool: bb8::Pool<PgManager>,

@@ -45,7 +45,7 @@ impl HistoryRepository for PgHistoryRepository {
 }
 
 /// How a batch's transaction starts. The session plans every statement for the data at hand
-/// (see [`super::pool::PLAN_CACHE_OPTION`]), and that includes the foreign-key check PostgreSQL
+/// (see `super::pool::PLAN_CACHE_OPTION`), and that includes the foreign-key check PostgreSQL
 /// runs for each history row: planned anew per row, it cost about 7 µs of the server's CPU per
 /// event. The batch statement's own plan does not depend on the tables' sizes (it reads only
 /// its input), so this transaction lets cached plans be reused; the setting ends with it.
