@@ -137,7 +137,7 @@ impl Batch {
             let (job, work) = Job::from(job).split();
             match work {
                 Work::Event(item) => batch.events.push(job.with(item)),
-                Work::DeadLetter(item) => batch.letters.push(job.with(item)),
+                Work::DeadLetter(item) => batch.letters.push(job.with(*item)),
             }
         }
         batch
@@ -163,7 +163,7 @@ impl Batch {
         });
         let letters = self.letters.into_iter().map(|job| {
             let (job, item) = job.split();
-            WriteJob::from(job.with(Work::DeadLetter(item)))
+            WriteJob::from(job.with(Work::DeadLetter(Box::new(item))))
         });
         events.chain(letters)
     }

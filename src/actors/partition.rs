@@ -94,12 +94,12 @@ impl PartitionActor {
                     %error,
                     "poison record: it goes to the dead-letter table"
                 );
-                Work::DeadLetter(DeadLetter::new(
+                Work::DeadLetter(Box::new(DeadLetter::new(
                     &error,
                     record.key,
                     record.payload,
                     record.timestamp_ms,
-                ))
+                )))
             }
         };
         WriteJob {
