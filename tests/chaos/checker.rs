@@ -48,21 +48,48 @@ pub struct CheckerReport {
     pub checked: usize,
     pub covered: usize,
     pub violations: Vec<String>,
-    /// Commits that moved a position backwards (each also a violation).
-    pub regressions: usize,
-    /// Commits that moved a position backwards while two instances held the partition at once,
-    /// each committing within an assignment it held by its own log, both confirmed by the
-    /// broker: the broker assigned the partition twice (librdkafka's mock KIP-848 group does,
-    /// to a member that rejoined after being fenced, while the partition's owner had not
-    /// revoked it). Reported apart, not counted as the service's: no member can see another's
-    /// assignment. A zombie's commit — made after its own log lost the partition — is not this.
-    pub double_assigned: Vec<String>,
-    /// Commits that moved a position backwards after the committing instance's client reported
-    /// the partition's log truncated within the same assignment ([`Truncated`]): the position
-    /// follows the log back. Reported apart, not counted as the service's.
-    pub after_truncation: Vec<String>,
+    /// Every commit the instances logged, per partition, in the order they left; with the
+    /// assignments and truncations their logs told, for [`CheckerReport::backward`].
+    commits: Vec<Vec<Committed>>,
+    owned: Vec<Owned>,
+    truncated: Vec<Truncated>,
     /// The longest time between two advances of any partition's committed position.
     pub longest_stall: Duration,
+}
+
+/// A copy of an earlier OffsetCommit request that reached the broker after a later one
+/// (`SentCheck::late_copies`): (partition, the position it set the broker back to, when).
+pub type LateCopy = (i32, i64, At);
+
+/// The commits that moved a partition's position backwards, by whose doing.
+#[derive(Debug, Default)]
+pub struct Backward {
+    /// The service's: each a violation.
+    pub service: Vec<String>,
+    /// Made while two instances held the partition at once, each committing within an
+    /// assignment it held by its own log, both confirmed by the broker: the broker assigned the
+    /// partition twice (librdkafka's mock KIP-848 group does, to a member that rejoined after
+    /// being fenced, while the partition's owner had not revoked it). Reported apart, not
+    /// counted as the service's: no member can see another's assignment. A zombie's commit —
+    /// made after its own log lost the partition — is not this.
+    pub double_assigned: Vec<String>,
+    /// Made after the committing instance's client reported the partition's log truncated
+    /// within the same assignment ([`Truncated`]): the position follows the log back.
+    pub after_truncation: Vec<String>,
+    /// The first position of a later assignment, equal to the one a late copy of an earlier
+    /// request set the broker back to after the higher commit ([`LateCopy`]): the new owner
+    /// starts where the broker's committed position stands, and the old one lost the partition
+    /// before its re-assertion could repair it. Nothing is lost (the records from there are
+    /// read again and found applied). Within one assignment the service re-asserts its own
+    /// position, so a regression there is never this.
+    pub after_late_copy: Vec<String>,
+}
+
+impl CheckerReport {
+    /// The backward commits, classified with the late copies the wire showed.
+    pub fn backward(&mut self, late_copies: &[LateCopy]) -> Backward {
+        backward_commits(&mut self.commits, &self.owned, &self.truncated, late_copies)
+    }
 }
 
 impl Checker {
@@ -161,18 +188,17 @@ pub fn spawn_checker(
         }
         let owned = owned.lock().unwrap().clone();
         let truncated = truncated.lock().unwrap().clone();
-        let (backward, double_assigned, after_truncation) =
-            backward_commits(&mut history, &owned, &truncated);
-        let regressions = backward.len();
-        violations.extend(backward);
+        for commits in &mut history {
+            commits.sort();
+        }
         CheckerReport {
             checked,
             covered,
             violations,
-            regressions,
-            double_assigned,
-            after_truncation,
             longest_stall: longest_stall(&history),
+            commits: history,
+            owned,
+            truncated,
         }
     });
     Checker { handle, stop }
@@ -198,19 +224,20 @@ fn held(owned: &[Owned], partition: i32, commit: &Committed) -> Option<(At, Opti
 
 /// Commits that moved a partition's position backwards, in the order they left (each commit
 /// line's `queued_at`, taken under the ledger's lock; within one instance the order the broker
-/// applies them): the service's, and apart those made while the
-/// broker had the partition assigned to both instances ([`CheckerReport::double_assigned`]).
+/// applies them), by whose doing ([`Backward`]).
 fn backward_commits(
     history: &mut [Vec<Committed>],
     owned: &[Owned],
     truncated: &[Truncated],
-) -> (Vec<String>, Vec<String>, Vec<String>) {
-    let (mut violations, mut double, mut after_truncation) = (Vec::new(), Vec::new(), Vec::new());
+    late_copies: &[LateCopy],
+) -> Backward {
+    let mut backward = Backward::default();
     for (partition, commits) in history.iter_mut().enumerate() {
         commits.sort();
         let partition = partition as i32;
         for pair in commits.windows(2) {
-            let ((_, before, first, _), (at, after, second, _)) = (pair[0], pair[1]);
+            let ((higher_at, before, first, first_epoch), (at, after, second, second_epoch)) =
+                (pair[0], pair[1]);
             if after >= before {
                 continue;
             }
@@ -237,25 +264,39 @@ fn backward_commits(
                     i == second && p == partition && from <= when && when <= at
                 })
             });
+            // Another assignment's commit of exactly the position a late copy set the broker
+            // back to, after the higher commit and before this one.
+            let late_copy = if (first, first_epoch) != (second, second_epoch) {
+                late_copies.iter().find(|&&(p, offset, when)| {
+                    p == partition && offset == after && higher_at <= when && when <= at
+                })
+            } else {
+                None
+            };
             if twice {
-                double.push(format!(
+                backward.double_assigned.push(format!(
                     "{line}, both holding it (assigned twice by the broker)"
                 ));
             } else if let Some((_, _, when)) = truncation {
-                after_truncation.push(format!(
+                backward.after_truncation.push(format!(
                     "{line}, its client having reset the partition at {when} after detecting a \
                      log truncation"
                 ));
+            } else if let Some((_, _, when)) = late_copy {
+                backward.after_late_copy.push(format!(
+                    "{line}, a new assignment starting where a late copy of an earlier request \
+                     set the broker back at {when}"
+                ));
             } else {
-                violations.push(line);
+                backward.service.push(line);
             }
         }
     }
-    (violations, double, after_truncation)
+    backward
 }
 
 /// The longest time between two advances of a partition's committed position, over every
-/// partition (`history` sorted by time, as [`backward_commits`] leaves it).
+/// partition (`history` sorted by time).
 fn longest_stall(history: &[Vec<Committed>]) -> Duration {
     let mut longest = Duration::ZERO;
     for commits in history {
@@ -348,6 +389,8 @@ pub struct SentCheck {
     /// request reaching the broker late, not a new commit of the service's (reported, not
     /// counted; the re-assertion repairs what it lowers).
     pub late_copies: Vec<String>,
+    /// The same, as the positions they set the broker back to.
+    pub late_copy_positions: Vec<LateCopy>,
 }
 
 /// Every OffsetCommit the brokers were sent, whether or not the service logged it — one in
@@ -416,6 +459,9 @@ pub fn check_sent(
                     check
                         .late_copies
                         .push(format!("{line}: a late copy of an earlier request"));
+                    check
+                        .late_copy_positions
+                        .push((commit.partition, commit.offset, commit.at));
                 } else {
                     check
                         .violations
@@ -630,7 +676,11 @@ mod tests {
     fn a_regression_between_two_live_owners_is_the_brokers_double_assignment() {
         let mut history = vec![Vec::new(); 5];
         history[4] = vec![(at(21), 176, 1, 3), (at(22), 148, 2, 7)];
-        let (service, broker, _) = backward_commits(&mut history, &owned(), &[]);
+        let Backward {
+            service,
+            double_assigned: broker,
+            ..
+        } = backward_commits(&mut history, &owned(), &[], &[]);
         assert!(service.is_empty(), "{service:?}");
         assert_eq!(broker.len(), 1);
     }
@@ -640,13 +690,27 @@ mod tests {
         // Instance 1's commit at 31 s, after its own log released the partition: a zombie's.
         let mut history = vec![Vec::new(); 5];
         history[4] = vec![(at(25), 300, 2, 7), (at(31), 290, 1, 3)];
-        let (service, broker, _) = backward_commits(&mut history, &owned(), &[]);
+        let Backward {
+            service,
+            double_assigned: broker,
+            ..
+        } = backward_commits(&mut history, &owned(), &[], &[]);
         assert_eq!((service.len(), broker.len()), (1, 0));
         // So is one of an epoch the instance never held, and one instance going backwards.
         history[4] = vec![(at(21), 176, 1, 3), (at(22), 148, 2, 6)];
-        assert_eq!(backward_commits(&mut history, &owned(), &[]).0.len(), 1);
+        assert_eq!(
+            backward_commits(&mut history, &owned(), &[], &[])
+                .service
+                .len(),
+            1
+        );
         history[4] = vec![(at(21), 176, 2, 7), (at(22), 148, 2, 7)];
-        assert_eq!(backward_commits(&mut history, &owned(), &[]).0.len(), 1);
+        assert_eq!(
+            backward_commits(&mut history, &owned(), &[], &[])
+                .service
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -655,15 +719,56 @@ mod tests {
         // truncation, and its commit at 27 s goes back.
         let mut history = vec![Vec::new(); 5];
         history[4] = vec![(at(25), 300, 2, 7), (at(27), 31, 2, 7)];
-        let (service, _, truncation) = backward_commits(&mut history, &owned(), &[(2, 4, at(26))]);
+        let Backward {
+            service,
+            after_truncation: truncation,
+            ..
+        } = backward_commits(&mut history, &owned(), &[(2, 4, at(26))], &[]);
         assert_eq!((service.len(), truncation.len()), (0, 1));
         // Not a reset of another partition, another instance, or one before the assignment.
         for reset in [(2, 3, at(26)), (1, 4, at(26)), (2, 4, at(15))] {
-            let (service, _, truncation) = backward_commits(&mut history, &owned(), &[reset]);
+            let Backward {
+                service,
+                after_truncation: truncation,
+                ..
+            } = backward_commits(&mut history, &owned(), &[reset], &[]);
             assert_eq!((service.len(), truncation.len()), (1, 0), "{reset:?}");
         }
         // Nor one after the commit.
-        let (service, _, _) = backward_commits(&mut history, &owned(), &[(2, 4, at(28))]);
+        let service = backward_commits(&mut history, &owned(), &[(2, 4, at(28))], &[]).service;
         assert_eq!(service.len(), 1);
+    }
+
+    #[test]
+    fn a_new_assignment_starting_where_a_late_copy_set_the_broker_back_is_the_late_copys() {
+        // Instance 1 commits 167 at 21 s (epoch 3); a late copy of its earlier 166 reaches the
+        // broker at 23 s; instance 2's assignment (epoch 7) commits 166 at 25 s.
+        let late = [(4, 166, at(23))];
+        let mut history = vec![Vec::new(); 5];
+        history[4] = vec![(at(21), 167, 1, 3), (at(25), 166, 2, 7)];
+        let found = backward_commits(&mut history, &[], &[], &late);
+        assert_eq!((found.service.len(), found.after_late_copy.len()), (0, 1));
+        // Not within one assignment (the service re-asserts its own position there), not
+        // another position, another partition, or a copy before the higher commit or after
+        // the lower one.
+        let mut same = vec![Vec::new(); 5];
+        same[4] = vec![(at(21), 167, 1, 3), (at(25), 166, 1, 3)];
+        assert_eq!(
+            backward_commits(&mut same, &[], &[], &late).service.len(),
+            1
+        );
+        for copy in [
+            (4, 165, at(23)),
+            (3, 166, at(23)),
+            (4, 166, at(20)),
+            (4, 166, at(26)),
+        ] {
+            let found = backward_commits(&mut history, &[], &[], &[copy]);
+            assert_eq!(
+                (found.service.len(), found.after_late_copy.len()),
+                (1, 0),
+                "{copy:?}"
+            );
+        }
     }
 }

@@ -76,11 +76,14 @@ pub struct Figures {
     pub regressions: usize,
     /// Backward commits made while the broker had assigned the partition to two instances at
     /// once (each committing within an assignment its own log held): the broker's doing,
-    /// reported apart ([`crate::checker::CheckerReport::double_assigned`]).
+    /// reported apart ([`crate::checker::Backward::double_assigned`]).
     pub double_assigned: Vec<String>,
     /// Backward commits that followed the log back after the committing instance's client
-    /// detected a truncation ([`crate::checker::CheckerReport::after_truncation`]).
+    /// detected a truncation ([`crate::checker::Backward::after_truncation`]).
     pub after_truncation: Vec<String>,
+    /// Backward commits of a new assignment starting where a late copy of an earlier request
+    /// had set the broker back ([`crate::checker::Backward::after_late_copy`]).
+    pub after_late_copy: Vec<String>,
     /// The longest time any partition's committed position stood still while records were
     /// produced to it.
     pub longest_stall: Duration,
@@ -112,7 +115,8 @@ impl Figures {
              lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
              violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
              backward commits while the broker had a partition assigned twice {}{}\n  \
-             backward commits after the client reset a partition it found truncated {}{}\n",
+             backward commits after the client reset a partition it found truncated {}{}\n  \
+             backward commits of a new assignment where a late copy set the broker back {}{}\n",
             elapsed.as_secs_f64(),
             self.records,
             self.distinct_events,
@@ -151,6 +155,11 @@ impl Figures {
                 .collect::<String>(),
             self.after_truncation.len(),
             self.after_truncation
+                .iter()
+                .map(|line| format!("\n    {line}"))
+                .collect::<String>(),
+            self.after_late_copy.len(),
+            self.after_late_copy
                 .iter()
                 .map(|line| format!("\n    {line}"))
                 .collect::<String>(),
@@ -515,14 +524,13 @@ impl Chaos {
         // Once they are stopped, every line they wrote has been read: the checker has every
         // commit.
         self.stop_instances();
-        let checked = checker.finish();
+        let mut checked = checker.finish();
         self.figures.commits_checked = checked.checked;
         self.figures.commits_covered = checked.covered;
-        self.figures.regressions = checked.regressions;
-        self.figures.double_assigned = checked.double_assigned;
-        self.figures.after_truncation = checked.after_truncation;
         self.figures.longest_stall = checked.longest_stall;
-        self.figures.violations.extend(checked.violations);
+        self.figures
+            .violations
+            .extend(std::mem::take(&mut checked.violations));
         // What the brokers were sent, logged or not.
         let sent = self.broker.sent_commits();
         let on_wire = check_sent(
@@ -541,6 +549,13 @@ impl Chaos {
         }
         self.figures.late_copies = on_wire.late_copies;
         self.figures.violations.extend(on_wire.violations);
+        // Whose each backward commit was, now that the wire's late copies are known.
+        let backward = checked.backward(&on_wire.late_copy_positions);
+        self.figures.regressions = backward.service.len();
+        self.figures.double_assigned = backward.double_assigned;
+        self.figures.after_truncation = backward.after_truncation;
+        self.figures.after_late_copy = backward.after_late_copy;
+        self.figures.violations.extend(backward.service);
         self.figures.rebalances = self.feed.rebalances.load(Ordering::Relaxed);
         self.figures.assignments_lost = self.feed.assignments_lost.load(Ordering::Relaxed);
         let by_index = delivered.lock().unwrap().by_index.clone();
