@@ -678,6 +678,9 @@ impl SupervisorContext {
         let stats = &self.stats;
         let reason = reason.as_str();
         let refused = result.as_ref().err().map(|err| refusal(err, self.protocol));
+        if let (Err(err), Some(refused)) = (&result, refused) {
+            log_refused(positions, reason, err, refused);
+        }
         match result {
             Ok(()) => {
                 log_committed(positions, reason, queued_at);
@@ -762,6 +765,36 @@ fn log_committed(
             reason,
             queued_at = %queued_at,
             "offset committed"
+        );
+    }
+}
+
+/// The service's record of each refused commit, beside [`log_committed`]'s: one line per
+/// partition, with the position the broker did not take and how many resolved offsets above it
+/// the commit listed — what the partition's next owner reads again, from the last confirmed
+/// position, if no later commit lands (the handover tests bound their re-done records by it).
+fn log_refused(
+    positions: &[CommitPosition],
+    reason: &'static str,
+    error: &KafkaError,
+    refused: Refusal,
+) {
+    let code = error
+        .rdkafka_error_code()
+        .map(|code| format!("{code:?}"))
+        .unwrap_or_default();
+    for position in positions {
+        debug!(
+            target: "history_service::commits",
+            topic = &*position.tp.topic,
+            partition = position.tp.partition,
+            offset = position.offset,
+            done = position.done.count(),
+            epoch = position.epoch,
+            reason,
+            code = %code,
+            refusal = ?refused,
+            "offset commit refused for the partition"
         );
     }
 }

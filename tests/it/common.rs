@@ -135,3 +135,80 @@ pub fn events_in_each(
         })
         .collect()
 }
+
+/// What the next owners of partitions may read again because the group's coordinator refused a
+/// commit while the classic group rebalanced (`RebalanceInProgress`, `IllegalGeneration`).
+/// librdkafka's mock broker refuses every commit while a member joins, and moves the generation
+/// on without waiting for every member (`rd_kafka_mock_cgrp_classic_check_state`); Kafka takes a
+/// commit of the current generation until the rebalance completes (`GroupCoordinator`'s
+/// `doCommitOffsets`, "During PreparingRebalance phase, we still allow a commit request"). So a
+/// test may count as the mock's at most what such a refused commit covered, and nothing else.
+///
+/// Read from the logs of every member (each run of one apart), taken at debug level under
+/// `history_service::commits`. A refused position counts unless the same assignment (the same
+/// log, partition and epoch) had a position at least as far confirmed after it; one that counts
+/// covers the offsets from the partition's last position confirmed before it (by any member;
+/// the log's start if none) up to it, and the resolved offsets above it the commit listed. Any
+/// other refusal panics, naming its line.
+pub fn covered_by_refused_commits(logs: &[&str]) -> u64 {
+    type Assignment = (usize, String, u64, u64);
+    let stamp = |text: &str| -> Option<chrono::DateTime<chrono::Utc>> {
+        let first = text.split_whitespace().next()?;
+        Some(chrono::DateTime::parse_from_rfc3339(first).ok()?.to_utc())
+    };
+    let mut lines: Vec<(chrono::DateTime<chrono::Utc>, usize, &str)> = logs
+        .iter()
+        .enumerate()
+        .flat_map(|(log, text)| text.lines().map(move |line| (log, line)))
+        .filter(|(_, text)| {
+            text.contains("offset committed") || text.contains("offset commit refused for")
+        })
+        .map(|(log, text)| {
+            let at =
+                stamp(text).unwrap_or_else(|| panic!("a commit line without its time: {text}"));
+            (at, log, text)
+        })
+        .collect();
+    lines.sort_by_key(|(at, log, _)| (*at, *log));
+    let number = |text: &str, key: &str| {
+        logged_number(text, key)
+            .unwrap_or_else(|| panic!("a commit line without its {key}: {text}"))
+    };
+    let topic_of = |text: &str| {
+        text.split(" topic=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let mut confirmed: std::collections::HashMap<(String, u64), u64> = Default::default();
+    // Refused positions not yet superseded by their own assignment: offset, and what they cover.
+    let mut pending: std::collections::HashMap<Assignment, (u64, u64)> = Default::default();
+    for (_, log, text) in lines {
+        let partition = (topic_of(text), number(text, "partition"));
+        let offset = number(text, "offset");
+        let assignment = (log, partition.0.clone(), partition.1, number(text, "epoch"));
+        if text.contains("offset committed") {
+            let at = confirmed.entry(partition).or_insert(0);
+            *at = offset.max(*at);
+            if pending
+                .get(&assignment)
+                .is_some_and(|(refused, _)| offset >= *refused)
+            {
+                pending.remove(&assignment);
+            }
+            continue;
+        }
+        assert!(
+            text.contains("code=RebalanceInProgress") || text.contains("code=IllegalGeneration"),
+            "a commit refused for another reason than the mock broker's rebalance: {text}"
+        );
+        let from = confirmed.get(&partition).copied().unwrap_or(0);
+        let covers = offset.saturating_sub(from) + logged_number(text, "done").unwrap_or(0);
+        let entry = pending.entry(assignment).or_insert((offset, covers));
+        if offset >= entry.0 {
+            *entry = (offset, covers);
+        }
+    }
+    pending.values().map(|(_, covers)| covers).sum()
+}
