@@ -21,6 +21,7 @@ use crate::actors::trace_check::TraceCheck;
 use crate::config::{ConfigError, Settings};
 use crate::domain::CommitOutcome;
 use crate::domain::backoff::Backoff;
+use crate::domain::turns::Turns;
 use crate::health::Readiness;
 use crate::http;
 use crate::kafka::context::CommitterLink;
@@ -548,34 +549,46 @@ async fn start(
              pipeline.max_in_flight_bytes to the value named"
         );
     }
-    let turns = sizing
-        .budget_needed_to_take_turns(settings.pipeline.max_in_flight_bytes, cluster.partitions);
+    let queue_kbytes = match settings.kafka.fetch_queue_kbytes {
+        0 => budget.queue_kbytes,
+        explicit => explicit as usize,
+    };
+    let partitions = cluster.partitions.max(1);
+    let turns = Turns::plan(
+        settings.pipeline.max_in_flight_bytes,
+        sizing.client_bytes,
+        (queue_kbytes / partitions).max(1) * 1024,
+        partitions,
+    );
     match turns {
-        None => info!(
-            partitions = cluster.partitions,
-            "each partition has a queue of its own: partitions take turns"
+        Ok(turns) => info!(
+            partitions,
+            partition_fetch_bytes = turns.partition_fetch_bytes(),
+            "each partition has a queue of its own: partitions take turns while their \
+             producers' record batches fit their share of the Kafka client's prefetch"
         ),
-        Some(needed) => warn!(
-            partitions = cluster.partitions,
+        Err(needed) => warn!(
+            partitions,
             max_in_flight_bytes = settings.pipeline.max_in_flight_bytes,
             needed,
             "partitions are taken in the order they were fetched, not in turn: the Kafka \
-             client's share of pipeline.max_in_flight_bytes cannot hold two record batches of \
-             each partition (about a megabyte each, decompressed); under a slow database one \
-             partition's run is written while the others wait. Raise \
-             pipeline.max_in_flight_bytes to the value named for them to take turns"
+             client's share of pipeline.max_in_flight_bytes leaves each partition less than \
+             a few small record batches; under a slow database one partition's run is written \
+             while the others wait. Raise pipeline.max_in_flight_bytes to the value named for \
+             them to take turns"
         ),
     }
-    let split = turns.is_none();
-    crate::metrics::set_partitions_in_turn(split);
+    let turns = turns.ok();
+    crate::metrics::set_partitions_in_turn(turns.is_some());
+    let fetch = turns.map_or(sizing.fetch, |turns| turns.fetch(sizing.fetch));
     let context = context
         .with_sizing(SizingWatch::new(sizing))
-        .with_split_partitions(split);
+        .with_turns(turns);
     let consumer = match kafka::subscribe(
         &settings.kafka,
         &budget,
-        if split { cluster.partitions } else { 1 },
-        &sizing.fetch,
+        if turns.is_some() { partitions } else { 1 },
+        &fetch,
         context,
     ) {
         Ok(consumer) => consumer,

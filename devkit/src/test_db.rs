@@ -86,6 +86,15 @@ impl TestDb {
             .unwrap();
     }
 
+    /// Undoes [`TestDb::slow_each_write`]: writes go at the database's pace again.
+    pub async fn unslow_writes(&self) {
+        self.client()
+            .await
+            .batch_execute("DROP TRIGGER slow_write ON history_events")
+            .await
+            .unwrap();
+    }
+
     /// How many sessions of this database wait for a lock now: a write held up in the database
     /// by another session.
     pub async fn lock_waiters(&self) -> i64 {

@@ -14,6 +14,7 @@ pub(crate) mod flow;
 pub mod linger;
 pub mod outcome;
 pub(crate) mod traces;
+pub(crate) mod turns;
 pub mod values;
 
 #[cfg(test)]

@@ -52,6 +52,7 @@ use super::fetch_sizing::SizingWatch;
 use super::messages::{Inherit, Lost, Revoke};
 use super::topic_watch::TopicWatchSettings;
 use crate::config::GroupProtocol;
+use crate::domain::turns::Turns;
 use crate::domain::{CommitOutcome, CommitPosition, CommitReason, Epoch, TopicPartition};
 use crate::metrics::{self, Stats};
 use crate::offsets::CommitLedger;
@@ -126,8 +127,11 @@ pub struct SupervisorContext {
     /// Where the lists of done offsets read at an assignment go, and how long the ones written
     /// into commits may be; without it, commits carry none and none are read.
     done_lists: Option<DoneLists>,
-    /// Whether each assigned partition gets a queue of its own ([`super::split_queues`]).
-    split_partitions: bool,
+    /// How the client's prefetch is shared among partitions with queues of their own
+    /// ([`super::split_queues`]), if they have; and whether that ended (batches larger than the
+    /// turns allow were fetched: partitions are taken in fetch order from then on).
+    turns: Option<Turns>,
+    turns_ended: AtomicBool,
 }
 
 impl SupervisorContext {
@@ -154,7 +158,8 @@ impl SupervisorContext {
             health: Arc::default(),
             sizing: None,
             done_lists: None,
-            split_partitions: false,
+            turns: None,
+            turns_ended: AtomicBool::new(false),
         }
     }
 
@@ -183,15 +188,36 @@ impl SupervisorContext {
         self
     }
 
-    /// Gives each assigned partition a queue of its own, taken in turn with the others'.
-    pub fn with_split_partitions(mut self, split: bool) -> Self {
-        self.split_partitions = split;
+    /// Gives each assigned partition a queue of its own, taken in turn with the others', their
+    /// prefetch shared as `turns` says.
+    pub fn with_turns(mut self, turns: Option<Turns>) -> Self {
+        self.turns = turns;
         self
+    }
+
+    /// How the prefetch is shared while each assigned partition has a queue of its own; `None`
+    /// when the partitions are taken in fetch order.
+    pub fn turns(&self) -> Option<&Turns> {
+        self.turns
+            .as_ref()
+            .filter(|_| !self.turns_ended.load(Ordering::Relaxed))
     }
 
     /// Whether each assigned partition has a queue of its own.
     pub fn splits_partitions(&self) -> bool {
-        self.split_partitions
+        self.turns().is_some()
+    }
+
+    /// Partitions are taken in fetch order from now on: those assigned later get no queue of
+    /// their own.
+    pub fn end_turns(&self) {
+        self.turns_ended.store(true, Ordering::Relaxed);
+        crate::metrics::set_partitions_in_turn(false);
+    }
+
+    /// Whether partitions took turns once and no longer do.
+    pub fn turns_ended(&self) -> bool {
+        self.turns.is_some() && self.turns_ended.load(Ordering::Relaxed)
     }
 
     /// The client's troubles.
@@ -864,7 +890,7 @@ impl ConsumerContext for SupervisorContext {
             Rebalance::Revoke(tpl) => self.revoke(consumer, tpl),
             // Before librdkafka starts fetching them: their records never reach the consumer
             // queue ([`super::split_queues`]).
-            Rebalance::Assign(tpl) if self.split_partitions => {
+            Rebalance::Assign(tpl) if self.splits_partitions() => {
                 for tp in partitions_of(tpl) {
                     if !super::split_queues::mark_split(consumer, &tp) {
                         warn!(%tp, "the partition's queue could not be split off");

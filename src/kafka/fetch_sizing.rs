@@ -45,23 +45,6 @@ impl FetchSizing {
 pub(crate) const ONE_BATCH_BYTES: usize = 5 << 18;
 
 impl FetchSizing {
-    /// The budget that leaves each of `partitions` partitions room for two whole batches in the
-    /// client's prefetch, when this one does not. Partitions take turns only if each has
-    /// records fetched: every partition's queue of its own holds at least the batch its last
-    /// fetch brought, however small its share of `queued.*`, and the next batch arrives before
-    /// the last one's records are all taken ([`super::split_queues`]; measured: 24 partitions
-    /// of megabyte batches held about 2.4 MB each more than one queue for all).
-    pub fn budget_needed_to_take_turns(
-        &self,
-        budget_bytes: usize,
-        partitions: usize,
-    ) -> Option<usize> {
-        let needed = partitions.max(1) * 2 * ONE_BATCH_BYTES;
-        (self.client_bytes < needed).then(|| {
-            (budget_bytes as u128 * needed as u128 / self.client_bytes.max(1) as u128) as usize
-        })
-    }
-
     /// The budget that leaves every broker room for one whole batch, when this one does not.
     pub fn budget_needed_for_batches(
         &self,

@@ -380,6 +380,9 @@ pub fn item_stream(
             next = state.ready();
             taken += 1;
         }
+        if let Some(outgrown) = state.split.outgrown() {
+            state.end_turns(&outgrown);
+        }
         Some((items, state))
     })
 }
@@ -410,7 +413,7 @@ impl Polling {
     /// What the client holds already, without waiting: a partition queue's next record in
     /// turn, or else the consumer queue's next item (whose poll may run rebalance callbacks).
     fn ready(&mut self) -> Option<Taken> {
-        if let Some((tp, taken)) = self.split.take() {
+        if let Some((tp, taken)) = self.split.take(self.consumer.context().turns()) {
             return Some(Taken::Record(tp, taken));
         }
         let received = self.consumer.recv().now_or_never()?;
@@ -461,6 +464,40 @@ impl Polling {
         KafkaItem::Record(tp, record, held)
     }
 
+    /// Partitions are taken in fetch order from now on: a partition's queue showed a fetched
+    /// batch larger than the turns allow, and with a batch like it in every partition's queue
+    /// the client would hold more than its share of the budget. Every queue is given back to
+    /// the consumer queue, records and all (each partition's in order).
+    fn end_turns(&mut self, outgrown: &split_queues::Outgrown) {
+        let context = self.consumer.context();
+        let Some(turns) = context.turns().copied() else {
+            return;
+        };
+        context.end_turns();
+        let handed_back_records = self.split.rejoin_all(self.consumer.as_ref());
+        let max_in_flight_bytes = turns.budget_bytes;
+        let needed = turns.budget_for(outgrown.batch);
+        tracing::warn!(
+            tp = %outgrown.tp,
+            queued_records = outgrown.queued_records,
+            queued_bytes = outgrown.queued_bytes,
+            handed_back_records,
+            batch_bytes = outgrown.batch,
+            partition_share_bytes = turns.share_each,
+            partitions = turns.partitions,
+            max_in_flight_bytes,
+            needed,
+            "partitions no longer take turns: a fetch brought a record batch larger than half a \
+             partition's share of the Kafka client's part of pipeline.max_in_flight_bytes \
+             (producers' batches reach a megabyte writing a backlog), and a batch like it in \
+             each partition's queue would exceed the budget. Records are taken in the order \
+             they were fetched until the service restarts; under a slow database one \
+             partition's run is written while the others wait. Raise \
+             pipeline.max_in_flight_bytes to the value named for partitions to take turns \
+             with batches of this size"
+        );
+    }
+
     /// Opens the queues of assigned partitions, drops those of revoked ones.
     fn follow(&mut self, event: &RebalanceEvent) {
         match event {
@@ -468,6 +505,12 @@ impl Polling {
                 for (tp, _) in partitions {
                     self.handed.forget(tp);
                     if !self.consumer.context().splits_partitions() {
+                        // The rebalance callback may have split it off before the turns ended.
+                        if self.consumer.context().turns_ended()
+                            && !split_queues::rejoin(self.consumer.as_ref(), tp)
+                        {
+                            tracing::error!(%tp, "the partition's queue could not be given back to the consumer queue: its records are not taken");
+                        }
                         continue;
                     }
                     match SplitQueue::open(self.consumer.clone(), tp.clone(), self.split.wake()) {
@@ -563,7 +606,7 @@ async fn next_record(
                 }
             }
             loop {
-                if let Some((tp, taken)) = split.take() {
+                if let Some((tp, taken)) = split.take(consumer.context().turns()) {
                     return Some(Taken::Record(tp, taken));
                 }
                 tokio::select! {

@@ -31,6 +31,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
 use tokio::sync::Notify;
 
+use crate::domain::turns::Turns;
 use crate::domain::{Record, TopicPartition};
 
 /// Turns a partition's forwarding into the consumer queue off, before its fetching starts (in
@@ -56,6 +57,31 @@ pub(crate) fn mark_split<C: ConsumerContext>(
     true
 }
 
+/// Gives a partition's queue back to the consumer queue, for a partition [`mark_split`] split
+/// off before partitions stopped taking turns: its records come through the consumer queue,
+/// as they would unsplit. Returns whether it could.
+pub(crate) fn rejoin<C: ConsumerContext>(consumer: &impl Consumer<C>, tp: &TopicPartition) -> bool {
+    let Ok(topic) = CString::new(&*tp.topic) else {
+        return false;
+    };
+    let rk = consumer.client().native_ptr();
+    // SAFETY: `rk` is the live client; both handles made here are destroyed before return
+    // (the forwarding keeps a reference of its own to the consumer queue).
+    unsafe {
+        let queue = rdsys::rd_kafka_queue_get_partition(rk, topic.as_ptr(), tp.partition);
+        if queue.is_null() {
+            return false;
+        }
+        let main = rdsys::rd_kafka_queue_get_consumer(rk);
+        if !main.is_null() {
+            rdsys::rd_kafka_queue_forward(queue, main);
+            rdsys::rd_kafka_queue_destroy(main);
+        }
+        rdsys::rd_kafka_queue_destroy(queue);
+        !main.is_null()
+    }
+}
+
 /// What a partition queue hands over: a record, or an error with librdkafka's description.
 pub(crate) type Fetched = Result<Record, (KafkaError, String)>;
 
@@ -66,6 +92,8 @@ pub(crate) struct SplitQueue<K> {
     /// Woken by librdkafka when the queue goes from empty to not empty; the pointer given to
     /// librdkafka is this `Notify`'s, kept alive by this handle until the callback is off.
     wake: Arc<Notify>,
+    /// Records taken until the queue's length is looked at again.
+    until_check: u32,
     /// The client the queue belongs to: declared last, dropped after the queue.
     _client: Arc<K>,
 }
@@ -106,6 +134,7 @@ impl<K> SplitQueue<K> {
                 tp,
                 queue,
                 wake,
+                until_check: 0,
                 _client: consumer,
             })
         }
@@ -113,6 +142,21 @@ impl<K> SplitQueue<K> {
 
     pub(crate) fn partition(&self) -> &TopicPartition {
         &self.tp
+    }
+
+    /// The records fetched and not yet taken.
+    fn queued(&self) -> usize {
+        // SAFETY: the queue is alive until `self` drops.
+        unsafe { rdsys::rd_kafka_queue_length(self.queue.as_ptr()) }
+    }
+
+    /// Hands the queue back to the consumer queue, with the records it holds (librdkafka
+    /// appends them to it, in order): the partition's records come through the consumer queue
+    /// from now on.
+    fn rejoin(self, main: NonNull<rdsys::rd_kafka_queue_t>) {
+        // SAFETY: both queues are alive; the forwarding keeps a reference of its own to `main`.
+        // `self` is dropped below: its callback off, its handle destroyed.
+        unsafe { rdsys::rd_kafka_queue_forward(self.queue.as_ptr(), main.as_ptr()) };
     }
 
     /// The next record (or error, with librdkafka's description of it) of the partition, if
@@ -196,7 +240,33 @@ pub(crate) struct SplitQueues<K> {
     /// The queue whose turn is next.
     next: usize,
     wake: Arc<Notify>,
+    /// The record bytes taken so far, for the size of what a queue holds (librdkafka counts a
+    /// record's payload); and what a queue found holding more than the turns allow showed.
+    taken: Taken,
+    outgrown: Option<Outgrown>,
 }
+
+/// Payload bytes and records taken from the queues.
+#[derive(Default)]
+struct Taken {
+    bytes: u64,
+    records: u64,
+}
+
+/// A partition's queue found holding more than its share and a whole fetch part: the batch
+/// it showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Outgrown {
+    pub tp: TopicPartition,
+    pub queued_records: usize,
+    pub queued_bytes: usize,
+    pub batch: usize,
+}
+
+/// How many records of a queue are taken between two looks at its length: the first record
+/// of a fetch is looked at (a queue is looked at when taken from first), and the rest costs a
+/// lock every this many.
+const CHECK_EVERY: u32 = 64;
 
 impl<K> Default for SplitQueues<K> {
     fn default() -> Self {
@@ -204,6 +274,8 @@ impl<K> Default for SplitQueues<K> {
             queues: Vec::new(),
             next: 0,
             wake: Arc::new(Notify::new()),
+            taken: Taken::default(),
+            outgrown: None,
         }
     }
 }
@@ -231,16 +303,68 @@ impl<K> SplitQueues<K> {
     }
 
     /// The next record of the partitions in turn, starting after the one that gave the last:
-    /// each partition with records gives one before any gives a second.
-    pub(crate) fn take(&mut self) -> Option<(TopicPartition, Fetched)> {
+    /// each partition with records gives one before any gives a second. Now and then the
+    /// queue's length is compared with what `turns` allow ([`Self::outgrown`]).
+    pub(crate) fn take(&mut self, turns: Option<&Turns>) -> Option<(TopicPartition, Fetched)> {
         let count = self.queues.len();
         for step in 0..count {
             let at = (self.next + step) % count;
             if let Some(taken) = self.queues[at].take() {
                 self.next = (at + 1) % count;
+                if let (Some(turns), Ok(record)) = (turns, &taken) {
+                    self.watch(at, record, turns);
+                }
                 return Some((self.queues[at].partition().clone(), taken));
             }
         }
         None
+    }
+
+    fn watch(&mut self, at: usize, record: &Record, turns: &Turns) {
+        self.taken.bytes += record.payload.as_ref().map_or(0, Vec::len) as u64;
+        self.taken.records += 1;
+        let queue = &mut self.queues[at];
+        if queue.until_check > 0 {
+            queue.until_check -= 1;
+            return;
+        }
+        queue.until_check = CHECK_EVERY - 1;
+        // The record just taken was the queue's too.
+        let queued_records = queue.queued() + 1;
+        let mean = self.taken.bytes / self.taken.records;
+        let queued_bytes = (queued_records as u64 * mean) as usize;
+        if let Some(batch) = turns.outgrown_by(queued_bytes) {
+            self.outgrown.get_or_insert(Outgrown {
+                tp: queue.partition().clone(),
+                queued_records,
+                queued_bytes,
+                batch,
+            });
+        }
+    }
+
+    /// What a queue found holding more than the turns allow showed, once.
+    pub(crate) fn outgrown(&mut self) -> Option<Outgrown> {
+        self.outgrown.take()
+    }
+
+    /// Hands every queue back to the consumer queue of `consumer`, records and all; returns
+    /// how many records they held.
+    pub(crate) fn rejoin_all<C: ConsumerContext>(&mut self, consumer: &impl Consumer<C>) -> usize {
+        let rk = consumer.client().native_ptr();
+        // SAFETY: `rk` is the live client; the handle is destroyed below, after the forwards
+        // took references of their own.
+        let Some(main) = NonNull::new(unsafe { rdsys::rd_kafka_queue_get_consumer(rk) }) else {
+            return 0;
+        };
+        let mut records = 0;
+        for queue in self.queues.drain(..) {
+            records += queue.queued();
+            queue.rejoin(main);
+        }
+        self.next = 0;
+        // SAFETY: made above, destroyed once.
+        unsafe { rdsys::rd_kafka_queue_destroy(main.as_ptr()) };
+        records
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use history_devkit::test_app::TestApp;
 use history_devkit::workload::PlannedRecord;
 
-use crate::common::events_in_each;
+use crate::common::{events_in_each, stopped_field};
 
 const PARTITIONS: i32 = 4;
 const EACH: usize = 3_000;
@@ -157,5 +157,273 @@ async fn a_member_joining_while_partitions_take_turns_is_served_before_the_backl
         );
         actix_rt::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(first.stop(), Some(0), "{}", first.logs());
+}
+
+/// The partitions of the default budget's tests: more than the budget gives room for a
+/// megabyte batch each, twice.
+const MANY: i32 = 24;
+
+/// `each` events for each of the `MANY` partitions, produced with `batch.size` set to
+/// `batch_bytes` (the Java producer's default is 16 KiB, librdkafka's 1,000,000).
+async fn produce_in_batches_of(app: &TestApp, each: usize, prefix: &str, batch_bytes: usize) {
+    let records = events_in_each(MANY, 0, each, prefix);
+    let (brokers, topic) = (app.brokers.clone(), app.topic.clone());
+    tokio::task::spawn_blocking(move || {
+        let batch = batch_bytes.to_string();
+        history_devkit::workload::produce_with(
+            &brokers,
+            &topic,
+            &records,
+            &[("batch.size", batch.as_str())],
+        )
+    })
+    .await
+    .unwrap()
+    .expect("the records are produced");
+}
+
+/// Rows written so far, per partition, of `MANY` partitions.
+async fn rows_of_many(app: &TestApp) -> BTreeMap<i32, i64> {
+    let rows = app
+        .db
+        .client()
+        .await
+        .query(
+            "SELECT split_part(event_id, '-', 2)::int, count(*) FROM history_events GROUP BY 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut counts: BTreeMap<i32, i64> = (0..MANY).map(|p| (p, 0)).collect();
+    for row in rows {
+        counts.insert(row.get(0), row.get(1));
+    }
+    counts
+}
+
+/// The most the Kafka client held (`history_kafka_client_heap_bytes`, from its statistics of
+/// every 200 ms) while the rows written went from what they are to `rows`, and its part of the
+/// budget. At least one reading is required.
+async fn client_heap_until_rows(app: &TestApp, rows: i64) -> (f64, f64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut most: Option<f64> = None;
+    loop {
+        let metrics = app.metrics().await;
+        if let Some(heap) = metrics.get("history_kafka_client_heap_bytes") {
+            most = Some(most.map_or(heap, |most| most.max(heap)));
+        }
+        let limit = metrics
+            .get("history_kafka_client_heap_limit")
+            .expect("the client's part of the budget is exported");
+        if app.db.count("history_events").await >= rows {
+            let most = most.expect("the client's heap is exported");
+            return (most, limit);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{rows} rows not written in 120 s:\n{}",
+            app.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The Java producer's batches (16 KiB) fit each partition's share of the default budget
+/// however many partitions there are: 24 partitions take turns, the Kafka client stays within
+/// its part of the budget, and the turns last the whole backlog.
+#[actix_rt::test]
+async fn many_partitions_of_small_batches_take_turns_under_the_default_budget() {
+    // A megabyte or so each: more than a partition's part of a fetch (its turn's share).
+    const EACH: usize = 6_000;
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = MANY;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "10");
+        o.env("HISTORY__PIPELINE__MAX_IN_FLIGHT", "240");
+        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
+    })
+    .await;
+    produce_in_batches_of(&app, EACH, "small", 16 << 10).await;
+    app.db.slow_each_write(0.02).await;
+    app.start();
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_partitions_in_turn").is_some()
+    })
+    .await;
+    assert_eq!(
+        app.metrics().await.get("history_partitions_in_turn"),
+        Some(1.0),
+        "24 partitions take turns under the default budget:\n{}",
+        app.logs()
+    );
+
+    // Far fewer than one partition's backlog: in fetch order these are one or two partitions'.
+    const FIRST: i64 = 960;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let counts = loop {
+        let counts = rows_of_many(&app).await;
+        if counts.values().sum::<i64>() >= FIRST {
+            break counts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{counts:?} after 120 s:\n{}",
+            app.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    };
+    let written: i64 = counts.values().sum();
+    let fair = written / MANY as i64;
+    assert!(
+        counts.values().all(|&rows| rows >= fair / 2),
+        "every partition has at least half its share of the first {written} rows: {counts:?}"
+    );
+    let (heap, limit) = client_heap_until_rows(&app, 3_000).await;
+    assert!(
+        heap <= limit,
+        "the Kafka client held {heap} bytes, over its part of the budget ({limit})"
+    );
+    app.db.unslow_writes().await;
+    app.wait_rows(MANY as i64 * EACH as i64, Duration::from_secs(120))
+        .await;
+    assert_eq!(
+        app.metrics().await.get("history_partitions_in_turn"),
+        Some(1.0),
+        "the turns ended:\n{}",
+        app.logs()
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+/// librdkafka's producers write a backlog in batches of up to a megabyte, and a broker returns
+/// a partition's first batch whole: with one in each of 24 partitions' queues the client would
+/// hold more than its part of the default budget. The first such batch ends the turns: every
+/// partition's queue is given back to the consumer queue, records and all, the service says
+/// why and which budget would do, and the backlog is written whole, in fetch order, with the
+/// client back within its part of the budget.
+#[actix_rt::test]
+async fn megabyte_batches_end_the_turns_of_many_partitions_and_lose_nothing() {
+    // Two batches of a megabyte or so each: the first of all 24 may be fetched before the
+    // turns end, and rows are written past them and the budget before the heap is read.
+    const EACH: usize = 12_000;
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = MANY;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
+    })
+    .await;
+    produce_in_batches_of(&app, EACH, "large", 1_000_000).await;
+    // Slow enough that the client's queues are full while the heap is read.
+    app.db.slow_each_write(0.05).await;
+    app.start();
+    app.wait_for_metrics(Duration::from_secs(60), |m| {
+        m.get("history_partitions_in_turn") == Some(0.0)
+    })
+    .await;
+    let logs = app.logs();
+    let ended = logs
+        .lines()
+        .find(|line| line.contains("partitions no longer take turns"))
+        .unwrap_or_else(|| panic!("the end of the turns is not logged:\n{logs}"));
+    let needed = crate::common::logged_number(ended, "needed").expect("the budget that would do");
+    assert!(
+        needed > 32 << 20,
+        "a budget above the default is named: {ended}"
+    );
+    // Written in fetch order from now on: once what the partitions' queues held at the end is
+    // taken (and the service's budget of records after it), the client holds what one queue's
+    // limits allow.
+    let handed_back = crate::common::logged_number(ended, "handed_back_records")
+        .expect("the records handed back");
+    let settled = handed_back as i64 + 8_000;
+    app.wait_rows(settled, Duration::from_secs(120)).await;
+    let (heap, limit) = client_heap_until_rows(&app, settled + 12_000).await;
+    eprintln!(
+        "megabyte batches: {handed_back} records handed back at the end of the turns; the \
+         client held at most {heap} bytes after them ({limit} its part)"
+    );
+    assert!(
+        heap <= limit,
+        "the Kafka client held {heap} bytes, over its part of the budget ({limit})\n{}",
+        app.logs()
+    );
+    app.db.unslow_writes().await;
+    let total = MANY as i64 * EACH as i64;
+    app.wait_rows(total, Duration::from_secs(120)).await;
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(app.db.count("history_events").await, total);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+    assert_eq!(stopped_field(&app.logs(), "already_applied"), Some(0));
+}
+
+/// Partitions assigned after the turns ended come through the consumer queue with the rest: a
+/// member joins a group whose first member ended its turns, takes some partitions (and ends
+/// its own turns on their batches), and leaves; the first member takes them back; every
+/// event is written once.
+#[actix_rt::test]
+async fn partitions_assigned_after_the_turns_ended_are_taken_in_fetch_order() {
+    const EACH: usize = 12_000;
+    let total = MANY as i64 * EACH as i64;
+    let mut first = TestApp::prepare(|o| {
+        o.partitions = MANY;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+    })
+    .await;
+    produce_in_batches_of(&first, EACH, "rejoin", 1_000_000).await;
+    first.db.slow_each_write(0.05).await;
+    first.start();
+    first
+        .wait_for_metrics(Duration::from_secs(60), |m| {
+            m.get("history_partitions_in_turn") == Some(0.0)
+        })
+        .await;
+    let mut second = TestApp::spawn(|o| {
+        o.share(&first);
+    })
+    .await;
+    let assignments = |logs: &str| {
+        logs.lines()
+            .filter(|line| line.contains("partitions assigned") && line.contains("partitions=[\""))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while assignments(&second.logs()) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the second member got no partition in 60 s:\n--- first ---\n{}\n--- second ---\n{}",
+            first.logs(),
+            second.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    second
+        .wait_rows(
+            first.db.count("history_events").await + 1_000,
+            Duration::from_secs(60),
+        )
+        .await;
+    assert_eq!(second.stop(), Some(0), "{}", second.logs());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while assignments(&first.logs()) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the first member did not take the partitions back:\n{}",
+            first.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        first.db.count("history_events").await < total,
+        "the backlog ran out before the partitions came back: the test proves nothing"
+    );
+    first.db.unslow_writes().await;
+    first.wait_rows(total, Duration::from_secs(120)).await;
+    first.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(first.db.count("history_events").await, total);
+    assert_eq!(first.db.count("inbox").await, total);
+    assert_eq!(
+        first.metrics().await.get("history_partitions_in_turn"),
+        Some(0.0)
+    );
     assert_eq!(first.stop(), Some(0), "{}", first.logs());
 }
