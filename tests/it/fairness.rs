@@ -279,6 +279,7 @@ async fn many_partitions_of_small_batches_take_turns_under_the_default_budget() 
         "every partition has at least half its share of the first {written} rows: {counts:?}"
     );
     let (heap, limit) = client_heap_until_rows(&app, 3_000).await;
+    eprintln!("small batches in turn: the client held at most {heap} bytes ({limit} its part)");
     assert!(
         heap <= limit,
         "the Kafka client held {heap} bytes, over its part of the budget ({limit})"
