@@ -40,45 +40,48 @@ pub(crate) fn mark_split<C: ConsumerContext>(
     consumer: &impl Consumer<C>,
     tp: &TopicPartition,
 ) -> bool {
-    let Ok(topic) = CString::new(&*tp.topic) else {
-        return false;
-    };
-    let rk = consumer.client().native_ptr();
-    // SAFETY: `rk` is the live client; the queue handle made here is destroyed before return.
-    // The flag it sets stays on the partition's queue (librdkafka's own state).
-    unsafe {
-        let queue = rdsys::rd_kafka_queue_get_partition(rk, topic.as_ptr(), tp.partition);
-        if queue.is_null() {
-            return false;
-        }
-        rdsys::rd_kafka_queue_forward(queue, std::ptr::null_mut());
-        rdsys::rd_kafka_queue_destroy(queue);
-    }
-    true
+    forward_partition(consumer, tp, false)
 }
 
 /// Gives a partition's queue back to the consumer queue, for a partition [`mark_split`] split
 /// off before partitions stopped taking turns: its records come through the consumer queue,
 /// as they would unsplit. Returns whether it could.
 pub(crate) fn rejoin<C: ConsumerContext>(consumer: &impl Consumer<C>, tp: &TopicPartition) -> bool {
+    forward_partition(consumer, tp, true)
+}
+
+/// Forwards the partition's queue into the consumer queue, or nowhere. The setting stays on the
+/// partition's queue (librdkafka's own state) after the handles made here are gone.
+fn forward_partition<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    tp: &TopicPartition,
+    to_consumer_queue: bool,
+) -> bool {
     let Ok(topic) = CString::new(&*tp.topic) else {
         return false;
     };
     let rk = consumer.client().native_ptr();
-    // SAFETY: `rk` is the live client; both handles made here are destroyed before return
-    // (the forwarding keeps a reference of its own to the consumer queue).
+    // SAFETY: `rk` is the live client; the handles made here are destroyed before return (a
+    // forwarding keeps a reference of its own to the queue it forwards to).
     unsafe {
         let queue = rdsys::rd_kafka_queue_get_partition(rk, topic.as_ptr(), tp.partition);
         if queue.is_null() {
             return false;
         }
-        let main = rdsys::rd_kafka_queue_get_consumer(rk);
-        if !main.is_null() {
-            rdsys::rd_kafka_queue_forward(queue, main);
-            rdsys::rd_kafka_queue_destroy(main);
+        let target = if to_consumer_queue {
+            rdsys::rd_kafka_queue_get_consumer(rk)
+        } else {
+            std::ptr::null_mut()
+        };
+        let forwarded = !to_consumer_queue || !target.is_null();
+        if forwarded {
+            rdsys::rd_kafka_queue_forward(queue, target);
+        }
+        if !target.is_null() {
+            rdsys::rd_kafka_queue_destroy(target);
         }
         rdsys::rd_kafka_queue_destroy(queue);
-        !main.is_null()
+        forwarded
     }
 }
 

@@ -20,8 +20,8 @@ fn backlog() -> Vec<PlannedRecord> {
     events_in_each(PARTITIONS, 0, EACH, "fair")
 }
 
-/// Rows written so far, per partition.
-async fn rows_per_partition(app: &TestApp) -> BTreeMap<i32, i64> {
+/// Rows written so far, per partition of `partitions`.
+async fn rows_per_partition(app: &TestApp, partitions: i32) -> BTreeMap<i32, i64> {
     let rows = app
         .db
         .client()
@@ -33,11 +33,35 @@ async fn rows_per_partition(app: &TestApp) -> BTreeMap<i32, i64> {
         )
         .await
         .unwrap();
-    let mut counts: BTreeMap<i32, i64> = (0..PARTITIONS).map(|p| (p, 0)).collect();
+    let mut counts: BTreeMap<i32, i64> = (0..partitions).map(|p| (p, 0)).collect();
     for row in rows {
         counts.insert(row.get(0), row.get(1));
     }
     counts
+}
+
+/// Waits for the first `first` rows and requires every one of `partitions` partitions to have
+/// at least half its share of them.
+async fn first_rows_are_shared(app: &TestApp, partitions: i32, first: i64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let counts = loop {
+        let counts = rows_per_partition(app, partitions).await;
+        if counts.values().sum::<i64>() >= first {
+            break counts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{counts:?} after 120 s:\n{}",
+            app.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    };
+    let written: i64 = counts.values().sum();
+    let fair = written / partitions as i64;
+    assert!(
+        counts.values().all(|&rows| rows >= fair / 2),
+        "every partition has at least half its share of the first {written} rows: {counts:?}"
+    );
 }
 
 /// Waits until the service says whether its partitions take turns, and requires that they do.
@@ -70,26 +94,7 @@ async fn backlogged_partitions_are_written_side_by_side_under_a_slow_database() 
     assert_partitions_take_turns(&app).await;
 
     // The first rows: far fewer than one partition's backlog.
-    const FIRST: i64 = 400;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let counts = loop {
-        let counts = rows_per_partition(&app).await;
-        if counts.values().sum::<i64>() >= FIRST {
-            break counts;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{counts:?} after 120 s:\n{}",
-            app.logs()
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    };
-    let written: i64 = counts.values().sum();
-    let fair = written / PARTITIONS as i64;
-    assert!(
-        counts.values().all(|&rows| rows >= fair / 2),
-        "every partition has at least half its share of the first {written} rows: {counts:?}"
-    );
+    first_rows_are_shared(&app, PARTITIONS, 400).await;
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
@@ -183,25 +188,6 @@ async fn produce_in_batches_of(app: &TestApp, each: usize, prefix: &str, batch_b
     .expect("the records are produced");
 }
 
-/// Rows written so far, per partition, of `MANY` partitions.
-async fn rows_of_many(app: &TestApp) -> BTreeMap<i32, i64> {
-    let rows = app
-        .db
-        .client()
-        .await
-        .query(
-            "SELECT split_part(event_id, '-', 2)::int, count(*) FROM history_events GROUP BY 1",
-            &[],
-        )
-        .await
-        .unwrap();
-    let mut counts: BTreeMap<i32, i64> = (0..MANY).map(|p| (p, 0)).collect();
-    for row in rows {
-        counts.insert(row.get(0), row.get(1));
-    }
-    counts
-}
-
 /// The most the Kafka client held (`history_kafka_client_heap_bytes`, from its statistics of
 /// every 200 ms) while the rows written went from what they are to `rows`, and its part of the
 /// budget. At least one reading is required.
@@ -258,26 +244,7 @@ async fn many_partitions_of_small_batches_take_turns_under_the_default_budget() 
     );
 
     // Far fewer than one partition's backlog: in fetch order these are one or two partitions'.
-    const FIRST: i64 = 960;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let counts = loop {
-        let counts = rows_of_many(&app).await;
-        if counts.values().sum::<i64>() >= FIRST {
-            break counts;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{counts:?} after 120 s:\n{}",
-            app.logs()
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    };
-    let written: i64 = counts.values().sum();
-    let fair = written / MANY as i64;
-    assert!(
-        counts.values().all(|&rows| rows >= fair / 2),
-        "every partition has at least half its share of the first {written} rows: {counts:?}"
-    );
+    first_rows_are_shared(&app, MANY, 960).await;
     let (heap, limit) = client_heap_until_rows(&app, 3_000).await;
     eprintln!("small batches in turn: the client held at most {heap} bytes ({limit} its part)");
     assert!(
