@@ -559,6 +559,7 @@ async fn start(
         sizing.client_bytes,
         (queue_kbytes / partitions).max(1) * 1024,
         partitions,
+        sizing.ratio,
     );
     match turns {
         Ok(turns) => info!(

@@ -1,26 +1,31 @@
 //! Whether the client's prefetch lets partitions take turns, and the sign that it no longer does.
 //!
 //! Partitions take turns when each has a queue of its own in the client
-//! (`crate::kafka::split_queues`): its share of `queued.max.messages.kbytes`, and what its last
-//! fetch brought. That last part is bounded by `max.partition.fetch.bytes` — set to half the
-//! partition's share of the client's budget — except that a broker returns a partition's first
-//! record batch whole, however large: a producer's batch of a megabyte (librdkafka's
-//! `batch.size`, and what any producer reaches writing a backlog) is held whole in each
-//! partition's queue. With small batches (the Java producer's 16 KiB) the queues stay within the
-//! client's budget however many partitions there are; with batches larger than half a
-//! partition's share they do not, and the partitions are taken in fetch order again, from one
-//! queue, whose limits hold whatever the batches.
+//! (`crate::kafka::split_queues`). A partition then holds its share of `queued.max.messages.kbytes`
+//! when it is fetched, plus what the fetch brings: its part of the response on the wire, and
+//! those batches decompressed. So each partition's part of a fetch (`max.partition.fetch.bytes`)
+//! is what is left of its share of the client's half of the budget after its queue, divided by
+//! one plus `kafka.max_compression_ratio` — the sizing of the fetch responses
+//! (`super::budget::Split::fetch`), partition by partition. Except that a broker returns a
+//! partition's first record batch whole, however large: a producer's batch of a megabyte
+//! (librdkafka's `batch.size`, what any producer reaches writing a backlog) is held whole in
+//! each partition's queue. With small batches (the Java producer's 16 KiB) the queues stay
+//! within the client's half however many partitions there are, compressed or not; with larger
+//! ones they do not, and the partitions are taken in fetch order again, from one queue, whose
+//! limits hold whatever the batches.
 //!
-//! What a partition's queue holds is its share of `queued.*` at most when a fetch is sent, plus
-//! the fetch's part: so a queue found holding more than its share and a whole fetch part (with a
-//! margin for the estimate of its bytes) shows a batch larger than the partition's turn allows.
+//! A queue found holding (decompressed) more than its share of the queue and a fetch part
+//! decompressed at the ratio — with a quarter's margin for the estimate of its bytes — shows a
+//! batch larger than the partition's turn allows.
 
 use super::budget::Fetch;
 
 /// The smallest part of a fetch response a partition may be given while partitions take turns:
-/// a few of the Java producer's default batches (16 KiB). Below it, there are too many
-/// partitions for the budget, whatever the producers.
-pub(crate) const MIN_PARTITION_FETCH_BYTES: usize = 64 << 10;
+/// half the Java producer's default batch (16 KiB). Below it, there are too many partitions for
+/// the budget, whatever the producers. (A part smaller than a batch is not refused: a broker
+/// returns the first partition's batch whole, and librdkafka grows a partition's fetch size
+/// when it gets part of a batch.)
+pub(crate) const MIN_PARTITION_FETCH_BYTES: usize = 8 << 10;
 
 /// The client's prefetch shared among partitions that take turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,17 +37,21 @@ pub struct Turns {
     pub queue_each: usize,
     /// Each partition's share of what the client may hold: its queue and its fetch responses.
     pub share_each: usize,
+    /// The most a partition's batches decompress by (`kafka.max_compression_ratio`).
+    pub ratio: usize,
 }
 
 impl Turns {
     /// The turns of `partitions` partitions sharing `client_bytes` (the client's part of
-    /// `budget_bytes`), each with `queue_each` bytes of queue; or, when each partition's part
-    /// of a fetch would be below [`MIN_PARTITION_FETCH_BYTES`], the budget they would need.
+    /// `budget_bytes`), each with `queue_each` bytes of queue, their batches decompressing by
+    /// `ratio` at most; or, when each partition's part of a fetch would be below
+    /// [`MIN_PARTITION_FETCH_BYTES`], the budget they would need.
     pub fn plan(
         budget_bytes: usize,
         client_bytes: usize,
         queue_each: usize,
         partitions: usize,
+        ratio: usize,
     ) -> Result<Turns, usize> {
         let partitions = partitions.max(1);
         let turns = Turns {
@@ -50,17 +59,26 @@ impl Turns {
             partitions,
             queue_each,
             share_each: client_bytes / partitions,
+            ratio: ratio.max(1),
         };
-        if turns.partition_fetch_bytes() < MIN_PARTITION_FETCH_BYTES {
-            return Err(turns.budget_for(MIN_PARTITION_FETCH_BYTES));
+        let part = turns.partition_fetch_bytes();
+        if part < MIN_PARTITION_FETCH_BYTES {
+            // Every part of the budget grows with it.
+            let budget = budget_bytes as u128 * MIN_PARTITION_FETCH_BYTES as u128;
+            return Err(budget.div_ceil(part.max(1) as u128) as usize);
         }
         Ok(turns)
     }
 
-    /// `max.partition.fetch.bytes` while partitions take turns: half a partition's share, so
-    /// that one fetched part is taken while the next is on its way.
+    /// What a partition's share leaves for its fetches, beside its queue.
+    fn fetch_share(&self) -> usize {
+        self.share_each.saturating_sub(self.queue_each)
+    }
+
+    /// `max.partition.fetch.bytes` while partitions take turns: what the partition's share
+    /// leaves beside its queue, for the part on the wire and the same decompressed.
     pub fn partition_fetch_bytes(&self) -> usize {
-        self.share_each / 2
+        self.fetch_share() / (1 + self.ratio)
     }
 
     /// The fetch sizes of `fetch` with each partition's part of a response cut to its turn's
@@ -74,10 +92,10 @@ impl Turns {
         }
     }
 
-    /// The bytes a partition's queue may hold with batches that fit its turn: its share of the
-    /// queue and one fetch part, a quarter more for the estimate.
+    /// The bytes (decompressed) a partition's queue may hold with batches that fit its turn:
+    /// its share of the queue and a fetch part decompressed, a quarter more for the estimate.
     pub fn most_queued(&self) -> usize {
-        self.queue_each + self.partition_fetch_bytes() / 4 * 5
+        self.queue_each + self.partition_fetch_bytes() * self.ratio / 4 * 5
     }
 
     /// The batch a queue of `queued_bytes` shows, when it is larger than the turns allow.
@@ -98,36 +116,47 @@ impl Turns {
 mod tests {
     use super::*;
 
-    /// The defaults: a 32 MiB budget, whose client half is 16 MiB with 4 MiB of queue.
+    /// The defaults: a 32 MiB budget, whose client half is 16 MiB with 4 MiB of queue, and
+    /// batches that decompress by 10 at most.
     const BUDGET: usize = 32 << 20;
     const CLIENT: usize = 16 << 20;
     const QUEUE: usize = 4 << 20;
+    const RATIO: usize = 10;
 
-    #[test]
-    fn partitions_take_turns_while_each_fetch_part_is_a_few_small_batches() {
-        let turns = Turns::plan(BUDGET, CLIENT, QUEUE / 24, 24).unwrap();
-        assert_eq!(turns.partition_fetch_bytes(), CLIENT / 48);
-        assert!(Turns::plan(BUDGET, CLIENT, QUEUE / 128, 128).is_ok());
-        // 129 partitions would be given less than 64 KiB each: twice the budget would do.
-        let Err(needed) = Turns::plan(BUDGET, CLIENT, QUEUE / 129, 129) else {
-            panic!("129 partitions take turns in a 32 MiB budget");
-        };
-        let twice = 2 * 129 * 2 * MIN_PARTITION_FETCH_BYTES;
-        assert!((twice..twice + twice / 1000).contains(&needed), "{needed}");
+    fn turns(partitions: usize) -> Result<Turns, usize> {
+        Turns::plan(BUDGET, CLIENT, QUEUE / partitions, partitions, RATIO)
     }
 
     #[test]
-    fn a_queue_holding_its_share_and_a_fetch_part_is_within_its_turn() {
-        let turns = Turns::plan(BUDGET, CLIENT, QUEUE / 24, 24).unwrap();
-        let full = turns.queue_each + turns.partition_fetch_bytes();
-        assert_eq!(turns.outgrown_by(full), None);
-        assert_eq!(turns.outgrown_by(turns.most_queued()), None);
+    fn a_partitions_fetch_part_is_what_its_share_leaves_beside_its_queue_on_the_wire_and_decompressed()
+     {
+        let many = turns(24).unwrap();
+        // 16 MiB / 24 less 4 MiB / 24, for the wire and ten times that decompressed.
+        assert_eq!(many.partition_fetch_bytes(), (CLIENT - QUEUE) / 24 / 11);
+        // On the wire and decompressed, with the queue: within the share.
+        let held = many.queue_each + many.partition_fetch_bytes() * (1 + RATIO);
+        assert!(held <= many.share_each, "{held}");
+        assert!(turns(139).is_ok());
+        // 140 partitions would be given less than 8 KiB each: a slightly larger budget would do.
+        let Err(needed) = turns(140) else {
+            panic!("140 partitions take turns in a 32 MiB budget");
+        };
+        assert!((BUDGET + 1..BUDGET * 21 / 20).contains(&needed), "{needed}");
+        assert!(Turns::plan(needed, needed / 2, needed / 8 / 140, 140, RATIO).is_ok());
+    }
+
+    #[test]
+    fn a_queue_holding_its_share_and_a_fetch_part_decompressed_is_within_its_turn() {
+        let many = turns(24).unwrap();
+        let full = many.queue_each + many.partition_fetch_bytes() * RATIO;
+        assert_eq!(many.outgrown_by(full), None);
+        assert_eq!(many.outgrown_by(many.most_queued()), None);
         // A megabyte batch fetched into a queue just below its share.
         let batch = 1_000_000;
-        let queued = turns.queue_each - 1 + batch;
-        assert_eq!(turns.outgrown_by(queued), Some(batch - 1));
+        let queued = many.queue_each - 1 + batch;
+        assert_eq!(many.outgrown_by(queued), Some(batch - 1));
         // Its budget: two such batches for each of the 24 partitions, in the client's half.
-        let needed = turns.budget_for(batch);
+        let needed = many.budget_for(batch);
         let exact = 2 * 24 * 2 * batch;
         assert!(
             (exact..exact + exact / 100_000).contains(&needed),
@@ -138,18 +167,23 @@ mod tests {
     #[test]
     fn each_partitions_part_of_a_fetch_is_its_turns_share_at_most() {
         let budget = super::super::budget::Split::of(8000, BUDGET);
-        let fetch = budget.fetch(1, 4);
+        let fetch = budget.fetch(1, RATIO);
         assert_eq!(fetch.partition_bytes, 1 << 20);
-        let many = Turns::plan(BUDGET, CLIENT, QUEUE / 24, 24).unwrap();
-        assert_eq!(many.fetch(fetch).partition_bytes, CLIENT / 48);
+        let many = turns(24).unwrap();
+        assert_eq!(
+            many.fetch(fetch).partition_bytes,
+            many.partition_fetch_bytes()
+        );
+        assert!(many.fetch(fetch).partition_bytes < fetch.partition_bytes);
         assert_eq!(many.fetch(fetch).max_bytes, fetch.max_bytes);
-        let few = Turns::plan(BUDGET, CLIENT, QUEUE / 3, 3).unwrap();
-        assert_eq!(few.fetch(fetch), fetch);
+        // One partition: its share leaves more than librdkafka's default part.
+        let one = Turns::plan(BUDGET, CLIENT, QUEUE, 1, 1).unwrap();
+        assert_eq!(one.fetch(fetch), fetch);
     }
 
     #[test]
     fn megabyte_batches_fit_the_turns_of_six_partitions_at_the_defaults() {
-        let turns = Turns::plan(BUDGET, CLIENT, QUEUE / 6, 6).unwrap();
-        assert_eq!(turns.outgrown_by(turns.queue_each + (1 << 20)), None);
+        let six = turns(6).unwrap();
+        assert_eq!(six.outgrown_by(six.queue_each + (1 << 20)), None);
     }
 }
