@@ -346,28 +346,39 @@ impl<K> SplitQueues<K> {
         }
     }
 
+    /// Whether a queue was found holding more than the turns allow.
+    pub(crate) fn has_outgrown(&self) -> bool {
+        self.outgrown.is_some()
+    }
+
     /// What a queue found holding more than the turns allow showed, once.
     pub(crate) fn outgrown(&mut self) -> Option<Outgrown> {
         self.outgrown.take()
     }
 
     /// Hands every queue back to the consumer queue of `consumer`, records and all; returns
-    /// how many records they held.
-    pub(crate) fn rejoin_all<C: ConsumerContext>(&mut self, consumer: &impl Consumer<C>) -> usize {
+    /// the partitions whose queues held records, with how many.
+    pub(crate) fn rejoin_all<C: ConsumerContext>(
+        &mut self,
+        consumer: &impl Consumer<C>,
+    ) -> Vec<(TopicPartition, usize)> {
         let rk = consumer.client().native_ptr();
         // SAFETY: `rk` is the live client; the handle is destroyed below, after the forwards
         // took references of their own.
         let Some(main) = NonNull::new(unsafe { rdsys::rd_kafka_queue_get_consumer(rk) }) else {
-            return 0;
+            return Vec::new();
         };
-        let mut records = 0;
+        let mut held = Vec::new();
         for queue in self.queues.drain(..) {
-            records += queue.queued();
+            let records = queue.queued();
+            if records > 0 {
+                held.push((queue.partition().clone(), records));
+            }
             queue.rejoin(main);
         }
         self.next = 0;
         // SAFETY: made above, destroyed once.
         unsafe { rdsys::rd_kafka_queue_destroy(main.as_ptr()) };
-        records
+        held
     }
 }
