@@ -4,8 +4,8 @@
 //! (`crate::kafka::split_queues`). A partition then holds its share of `queued.max.messages.kbytes`
 //! when it is fetched, plus what the fetch brings: its part of the response on the wire, and
 //! those batches decompressed. So each partition's part of a fetch (`max.partition.fetch.bytes`)
-//! is what is left of its share of the client's half of the budget after its queue, divided by
-//! one plus `kafka.max_compression_ratio` — the sizing of the fetch responses
+//! is half of what is left of its share of the client's half of the budget after its queue,
+//! divided by one plus `kafka.max_compression_ratio` — the sizing of the fetch responses
 //! (`super::budget::Split::fetch`), partition by partition. Except that a broker returns a
 //! partition's first record batch whole, however large: a producer's batch of a megabyte
 //! (librdkafka's `batch.size`, what any producer reaches writing a backlog) is held whole in
@@ -14,18 +14,20 @@
 //! ones they do not, and the partitions are taken in fetch order again, from one queue, whose
 //! limits hold whatever the batches.
 //!
-//! A queue found holding (decompressed) more than its share of the queue and a fetch part
-//! decompressed at the ratio — with a quarter's margin for the estimate of its bytes — shows a
-//! batch larger than the partition's turn allows.
+//! Half of what the share leaves beside the queue is for the fetches, the other half for the
+//! batch whose last records are still being taken when the next arrives (a batch's memory goes
+//! with its last record; measured: about two batches a partition). A queue found holding
+//! (decompressed) more than its share of the queue and half the rest — with a quarter's margin
+//! for the estimate of its bytes — shows a batch larger than the partition's turn allows.
 
 use super::budget::Fetch;
 
 /// The smallest part of a fetch response a partition may be given while partitions take turns:
-/// half the Java producer's default batch (16 KiB). Below it, there are too many partitions for
+/// a quarter of the Java producer's default batch (16 KiB). Below it, there are too many partitions for
 /// the budget, whatever the producers. (A part smaller than a batch is not refused: a broker
 /// returns the first partition's batch whole, and librdkafka grows a partition's fetch size
 /// when it gets part of a batch.)
-pub(crate) const MIN_PARTITION_FETCH_BYTES: usize = 8 << 10;
+pub(crate) const MIN_PARTITION_FETCH_BYTES: usize = 4 << 10;
 
 /// The client's prefetch shared among partitions that take turns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,10 +77,11 @@ impl Turns {
         self.share_each.saturating_sub(self.queue_each)
     }
 
-    /// `max.partition.fetch.bytes` while partitions take turns: what the partition's share
-    /// leaves beside its queue, for the part on the wire and the same decompressed.
+    /// `max.partition.fetch.bytes` while partitions take turns: half of what the partition's
+    /// share leaves beside its queue (the other half for the batch still being taken when the
+    /// next arrives), for the part on the wire and the same decompressed.
     pub fn partition_fetch_bytes(&self) -> usize {
-        self.fetch_share() / (1 + self.ratio)
+        self.fetch_share() / 2 / (1 + self.ratio)
     }
 
     /// The fetch sizes of `fetch` with each partition's part of a response cut to its turn's
@@ -93,9 +96,10 @@ impl Turns {
     }
 
     /// The bytes (decompressed) a partition's queue may hold with batches that fit its turn:
-    /// its share of the queue and a fetch part decompressed, a quarter more for the estimate.
+    /// its share of the queue and half the rest (which a fetch part decompressed stays within),
+    /// a quarter more for the estimate.
     pub fn most_queued(&self) -> usize {
-        self.queue_each + self.partition_fetch_bytes() * self.ratio / 4 * 5
+        self.queue_each + self.fetch_share() / 8 * 5
     }
 
     /// The batch a queue of `queued_bytes` shows, when it is larger than the turns allow.
@@ -131,13 +135,13 @@ mod tests {
     fn a_partitions_fetch_part_is_what_its_share_leaves_beside_its_queue_on_the_wire_and_decompressed()
      {
         let many = turns(24).unwrap();
-        // 16 MiB / 24 less 4 MiB / 24, for the wire and ten times that decompressed.
-        assert_eq!(many.partition_fetch_bytes(), (CLIENT - QUEUE) / 24 / 11);
-        // On the wire and decompressed, with the queue: within the share.
-        let held = many.queue_each + many.partition_fetch_bytes() * (1 + RATIO);
+        // Half of 16 MiB / 24 less 4 MiB / 24, for the wire and ten times that decompressed.
+        assert_eq!(many.partition_fetch_bytes(), (CLIENT - QUEUE) / 24 / 2 / 11);
+        // On the wire and decompressed, twice, with the queue: within the share.
+        let held = many.queue_each + 2 * many.partition_fetch_bytes() * (1 + RATIO);
         assert!(held <= many.share_each, "{held}");
         assert!(turns(139).is_ok());
-        // 140 partitions would be given less than 8 KiB each: a slightly larger budget would do.
+        // 140 partitions would be given less than 4 KiB each: a slightly larger budget would do.
         let Err(needed) = turns(140) else {
             panic!("140 partitions take turns in a 32 MiB budget");
         };
@@ -185,5 +189,16 @@ mod tests {
     fn megabyte_batches_fit_the_turns_of_six_partitions_at_the_defaults() {
         let six = turns(6).unwrap();
         assert_eq!(six.outgrown_by(six.queue_each + (1 << 20)), None);
+    }
+
+    #[test]
+    fn a_partitions_whole_backlog_in_one_batch_of_most_of_its_share_ends_the_turns() {
+        // 100,000 records of 175 bytes over 24 partitions, each partition's in one batch:
+        // 730 KB, within the share of 699 KB a queue with its batch being taken doubles.
+        let many = turns(24).unwrap();
+        assert!(many.outgrown_by(4_166 * 175).is_some());
+        // Over 96 partitions, 182 KB each.
+        let more = turns(96).unwrap();
+        assert!(more.outgrown_by(1_041 * 175).is_some());
     }
 }

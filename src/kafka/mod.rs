@@ -473,40 +473,21 @@ impl Polling {
     /// Partitions are taken in fetch order from now on: a partition's queue showed a fetched
     /// batch larger than the turns allow, and with a batch like it in every partition's queue
     /// the client would hold more than its share of the budget. Every queue is given back to
-    /// the consumer queue, and what they held is fetched again into it.
+    /// the consumer queue, records and all (each partition's in order).
     fn end_turns(&mut self, outgrown: &split_queues::Outgrown) {
         let context = self.consumer.context();
         let Some(turns) = context.turns().copied() else {
             return;
         };
         context.end_turns();
-        let held = self.split.rejoin_all(self.consumer.as_ref());
-        let refetched_records: usize = held.iter().map(|(_, records)| records).sum();
-        // What the queues held keeps each partition's fetched batch allocated (a batch's
-        // memory goes with its last record), a megabyte or more each, until the records are
-        // taken — and in fetch order, behind a full budget, that may be long. Dropped instead:
-        // a pause empties the partition's queue and the resume fetches again from the next
-        // record to take, into the one queue. A partition paused for its own reasons already
-        // holds nothing.
-        let refetch: Vec<TopicPartition> = held
-            .into_iter()
-            .map(|(tp, _)| tp)
-            .filter(|tp| !self.intake.flow(|flow| flow.is_paused(tp)))
-            .collect();
-        intake::apply(
-            self.consumer.as_ref(),
-            &crate::domain::flow::Changes {
-                pause: refetch.clone(),
-                resume: refetch,
-            },
-        );
+        let queued_at_end = self.split.rejoin_all(self.consumer.as_ref());
         let max_in_flight_bytes = turns.budget_bytes;
         let needed = turns.budget_for(outgrown.batch);
         tracing::warn!(
             tp = %outgrown.tp,
             queued_records = outgrown.queued_records,
             queued_bytes = outgrown.queued_bytes,
-            refetched_records,
+            queued_at_end,
             batch_bytes = outgrown.batch,
             partition_share_bytes = turns.share_each,
             partitions = turns.partitions,

@@ -357,23 +357,17 @@ impl<K> SplitQueues<K> {
     }
 
     /// Hands every queue back to the consumer queue of `consumer`, records and all; returns
-    /// the partitions whose queues held records, with how many.
-    pub(crate) fn rejoin_all<C: ConsumerContext>(
-        &mut self,
-        consumer: &impl Consumer<C>,
-    ) -> Vec<(TopicPartition, usize)> {
+    /// how many records they held.
+    pub(crate) fn rejoin_all<C: ConsumerContext>(&mut self, consumer: &impl Consumer<C>) -> usize {
         let rk = consumer.client().native_ptr();
         // SAFETY: `rk` is the live client; the handle is destroyed below, after the forwards
         // took references of their own.
         let Some(main) = NonNull::new(unsafe { rdsys::rd_kafka_queue_get_consumer(rk) }) else {
-            return Vec::new();
+            return 0;
         };
-        let mut held = Vec::new();
+        let mut held = 0;
         for queue in self.queues.drain(..) {
-            let records = queue.queued();
-            if records > 0 {
-                held.push((queue.partition().clone(), records));
-            }
+            held += queue.queued();
             queue.rejoin(main);
         }
         self.next = 0;

@@ -266,7 +266,7 @@ async fn many_partitions_of_small_batches_take_turns_under_the_default_budget() 
 /// librdkafka's producers write a backlog in batches of up to a megabyte, and a broker returns
 /// a partition's first batch whole: with one in each of 24 partitions' queues the client would
 /// hold more than its part of the default budget. The first such batch ends the turns: every
-/// partition's queue is given back to the consumer queue (what it held fetched again), the service says
+/// partition's queue is given back to the consumer queue, records and all, the service says
 /// why and which budget would do, and the backlog is written whole, in fetch order, with the
 /// client back within its part of the budget.
 #[actix_rt::test]
@@ -301,13 +301,13 @@ async fn megabyte_batches_end_the_turns_of_many_partitions_and_lose_nothing() {
     // Written in fetch order from now on: once what the partitions' queues held at the end is
     // taken (and the service's budget of records after it), the client holds what one queue's
     // limits allow.
-    let handed_back = crate::common::logged_number(ended, "refetched_records")
-        .expect("the records fetched again");
+    let handed_back = crate::common::logged_number(ended, "queued_at_end")
+        .expect("the records the queues held at the end");
     let settled = handed_back as i64 + 8_000;
     app.wait_rows(settled, Duration::from_secs(120)).await;
     let (heap, limit) = client_heap_until_rows(&app, settled + 12_000).await;
     eprintln!(
-        "megabyte batches: {handed_back} records fetched again at the end of the turns; the \
+        "megabyte batches: {handed_back} records in the queues at the end of the turns; the \
          client held at most {heap} bytes after them ({limit} its part)"
     );
     assert!(

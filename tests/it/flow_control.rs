@@ -85,7 +85,7 @@ async fn big_records_wait_within_the_budget_while_the_database_is_away(partition
         m.get("history_assigned_partitions") == Some(partitions as f64)
     })
     .await;
-    // Up to 69 partitions under this budget take turns, each with a queue of its own (8 KiB
+    // Up to 69 partitions under this budget take turns, each with a queue of its own (4 KiB
     // of fetch each at least); a batch of these records is too large for the turns of more
     // than 3 (the producer's batches of a megabyte), and the first one fetched ends them.
     let in_turn = if partitions <= 64 {
