@@ -34,8 +34,16 @@ pub fn main() -> ExitCode {
         Command::Run => {
             let result = runtime.block_on(run_service(&settings));
             // What the stop left running (a thread blocked on a broker that does not answer,
-            // the runtime's tasks) is not waited for: the stop has already reported.
-            std::process::exit(exit_code(result))
+            // the runtime's tasks) is not waited for: the stop has already reported. Nor are
+            // the C libraries' exit handlers run: OpenSSL's cleanup would free what a Kafka
+            // client's thread still using TLS reads (a CI run saw the TLS test's service exit
+            // by a signal after its last line, "history-service stopped").
+            let code = exit_code(result);
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            let _ = std::io::stderr().flush();
+            // SAFETY: `_exit` ends the process at once; everything to keep is written above.
+            unsafe { libc::_exit(code) }
         }
         Command::DeadLetters(command) => runtime.block_on(run_dead_letters(&settings, &command)),
         Command::Migrate(args) => runtime.block_on(run_migrate(&settings, &args)),
