@@ -493,9 +493,10 @@ impl Polling {
             partitions = turns.partitions,
             max_in_flight_bytes,
             needed,
-            "partitions no longer take turns: a fetch brought a record batch larger than half a \
-             partition's share of the Kafka client's part of pipeline.max_in_flight_bytes \
-             (producers' batches reach a megabyte writing a backlog), and a batch like it in \
+            "partitions no longer take turns: a fetch brought a record batch larger than a \
+             partition's turn allows (its share of the Kafka client's queue and half the rest of \
+             its share of the client's part of pipeline.max_in_flight_bytes; producers' batches \
+             reach a megabyte writing a backlog), and a batch like it in \
              each partition's queue would exceed the budget. Records are taken in the order \
              they were fetched until the service restarts; under a slow database one \
              partition's run is written while the others wait. Raise \
