@@ -7,6 +7,7 @@
 # follows `cargo test`) and a line `Caught: TEXT` (what the failing test's output says).
 #
 #   scripts/chaos-mutants.sh            # every mutant, a fresh seed each
+#   scripts/chaos-mutants.sh redelivery-applied-again   # the named ones only
 #   HISTORY_CHAOS_SEED=42 scripts/chaos-mutants.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,16 @@ export CARGO_TARGET_DIR="${HISTORY_MUTANTS_TARGET_DIR:-$root/target/mutants}"
 
 mkdir -p "$CARGO_TARGET_DIR"
 survivors=0
-for patch in scripts/mutants/*.patch; do
+patches=()
+if [ "$#" -gt 0 ]; then
+  for name in "$@"; do
+    [ -f "scripts/mutants/$name.patch" ] || { echo "no mutant $name in scripts/mutants/" >&2; exit 2; }
+    patches+=("scripts/mutants/$name.patch")
+  done
+else
+  patches=(scripts/mutants/*.patch)
+fi
+for patch in "${patches[@]}"; do
   name=$(basename "$patch" .patch)
   log="$CARGO_TARGET_DIR/mutant-$name.log"
   (cd "$work" && git checkout -q -- . && git apply "$root/$patch")

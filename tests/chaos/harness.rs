@@ -18,6 +18,7 @@ use history_devkit::workload::PlannedRecord;
 use crate::broker::DevKafka;
 use crate::checker::{CommitSeen, check_sent, final_checks, spawn_checker};
 use crate::instance::{Instance, LogFeed, Protocol};
+use crate::outcomes::{Claims, Count, Lifetime, OutcomeCheck};
 use crate::producer::{Deliveries, spawn_producer};
 use crate::schedule::{Action, GROUP, PARTITIONS, PRODUCTION_SHARE, TOPIC};
 
@@ -64,8 +65,9 @@ pub struct Figures {
     /// Each instance's /metrics just before the final stop.
     pub final_metrics: Vec<String>,
     pub freezes: usize,
-    /// `Applied` outcomes the instances counted, every lifetime of every instance (a killed
-    /// one's scraped just before the kill, so what it applied in its last moments is missing).
+    /// `Applied` outcomes the instances counted, every lifetime of every instance (a stopped
+    /// one's from its exit line; a killed one's scraped just before the kill, so what it
+    /// applied in its last moments is missing).
     pub applied_outcomes: u64,
     /// `AlreadyApplied` outcomes, likewise.
     pub already_applied_outcomes: u64,
@@ -87,17 +89,11 @@ pub struct Figures {
     /// The longest time any partition's committed position stood still while records were
     /// produced to it.
     pub longest_stall: Duration,
+    /// Each lifetime's `Applied` outcomes against the inbox markers its transactions inserted.
+    pub outcomes: OutcomeCheck,
 }
 
 impl Figures {
-    /// Events recorded more than once, as the instances themselves counted: `Applied` outcomes
-    /// beyond the distinct events (negative when some were not counted: a commit whose reply
-    /// was lost is Unknown and its retry AlreadyApplied, and a killed instance's last moments
-    /// are not scraped).
-    pub fn applied_twice(&self) -> i64 {
-        self.applied_outcomes as i64 - self.distinct_events as i64
-    }
-
     /// Records processed again after a fault: `AlreadyApplied` outcomes beyond the duplicates
     /// the workload itself contains.
     pub fn redone(&self) -> i64 {
@@ -112,8 +108,9 @@ impl Figures {
              kills {}  starts {}  postgres restarts {}  backend terminations {}  database freezes {} ({} connections, {} writes abandoned at their deadline)  broker faults {}\n  \
              freezes {}  rebalances {} (assignments lost {})  commits checked {} (covered by an earlier check {})  \
              positions on the wire {} (checked {}, late copies of earlier requests {})\n  \
-             lost {}  doubled (rows) {}  applied twice (outcomes) {}  unseen {}  committed-offset regressions {}  \
-             violations {}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
+             lost {}  doubled (rows) {}  unseen {}  committed-offset regressions {}  violations {}\n  \
+             Applied outcomes beyond their lifetime's inbox markers {}  markers their lifetime did not report {}  \
+             (lifetimes counted at exit {}, before a kill {}, not counted {}){}\n  re-done {}  longest partition stall {:.1} s  (outcomes: applied {}, already applied {})\n  \
              backward commits while the broker had a partition assigned twice {}{}\n  \
              backward commits after the client reset a partition it found truncated {}{}\n  \
              backward commits of a new assignment where a late copy set the broker back {}{}\n",
@@ -140,10 +137,19 @@ impl Figures {
             self.late_copies.len(),
             self.lost,
             self.doubled,
-            self.applied_twice(),
             self.unseen,
             self.regressions,
             self.violations.len(),
+            self.outcomes.applied_beyond_markers,
+            self.outcomes.applied_unreported,
+            self.outcomes.at_exit,
+            self.outcomes.before_kill,
+            self.outcomes.missing,
+            self.outcomes
+                .lifetimes
+                .iter()
+                .map(|line| format!("\n    {line}"))
+                .collect::<String>(),
             self.redone(),
             self.longest_stall.as_secs_f64(),
             self.applied_outcomes,
@@ -182,6 +188,10 @@ pub struct Chaos {
     pub brokers: String,
     /// The running instances, by number (`None` while one is down).
     instances: Vec<Option<Instance>>,
+    /// How many lifetimes each instance has begun.
+    lifetimes_begun: Vec<usize>,
+    /// The lifetimes that ended, with their counts of outcomes.
+    lifetimes: Vec<Lifetime>,
     feed: LogFeed,
     commit_feed: Option<Receiver<CommitSeen>>,
     pub figures: Figures,
@@ -228,6 +238,15 @@ impl Chaos {
             history_service::store::migrate::run_migrations(&mut client)
                 .await
                 .unwrap();
+            // Each inbox marker names the lifetime whose transaction inserted it: the instances'
+            // sessions carry their lifetime as `application_name` (crate::outcomes).
+            client
+                .batch_execute(
+                    "ALTER TABLE inbox ADD COLUMN applied_by text NOT NULL \
+                     DEFAULT current_setting('application_name')",
+                )
+                .await
+                .unwrap();
             // A slow, uneven disk: each history row costs a random few milliseconds inside its
             // transaction, sized so that the writers are busy about three quarters of the time.
             // Faults then mostly land mid-transaction, and writers finish out of step.
@@ -261,6 +280,8 @@ impl Chaos {
             broker,
             brokers,
             instances: (0..instances).map(|_| None).collect(),
+            lifetimes_begun: vec![0; instances],
+            lifetimes: Vec::new(),
             feed: LogFeed {
                 commits,
                 rebalances: Arc::new(AtomicUsize::new(0)),
@@ -268,6 +289,7 @@ impl Chaos {
                 owned: Arc::new(Mutex::new(Vec::new())),
                 truncated: Arc::new(Mutex::new(Vec::new())),
                 members: Arc::new(Mutex::new(std::collections::HashMap::new())),
+                exits: Arc::new(Mutex::new(std::collections::HashMap::new())),
             },
             commit_feed: Some(commit_feed),
             figures: Figures::default(),
@@ -282,6 +304,8 @@ impl Chaos {
             return;
         }
         self.figures.starts += 1;
+        self.lifetimes_begun[n] += 1;
+        let lifetime = format!("chaos-{n}-{}", self.lifetimes_begun[n]);
         let through_proxy = format!(
             "postgres://postgres@127.0.0.1:{}/chaos",
             self.database_proxy.port()
@@ -289,6 +313,7 @@ impl Chaos {
         self.instances[n] = Some(Instance::start(
             &self.binary,
             n,
+            &lifetime,
             &self.dir,
             &through_proxy,
             &self.brokers,
@@ -299,22 +324,26 @@ impl Chaos {
 
     pub fn kill_instance(&mut self, n: usize) {
         if let Some(instance) = self.instances[n].take() {
-            self.count_outcomes(&instance.metrics());
+            let scraped = instance.metrics();
+            let count = if scraped.is_empty() {
+                // It did not answer (still starting): what it did is in the database only.
+                Count::Missing
+            } else {
+                self.count_timeouts(&scraped);
+                Count::BeforeKill(scraped_claims(&instance.lifetime, &scraped))
+            };
+            self.lifetimes.push(Lifetime {
+                name: instance.lifetime.clone(),
+                count,
+            });
             instance.kill();
             self.figures.kills += 1;
         }
     }
 
-    /// Adds an instance lifetime's outcomes, from its /metrics.
-    fn count_outcomes(&mut self, metrics: &str) {
+    /// Adds a lifetime's writes abandoned at their deadline, from its /metrics.
+    fn count_timeouts(&mut self, metrics: &str) {
         let metrics = history_devkit::probe::Metrics::parse(metrics);
-        let outcome = |name: &str| {
-            metrics
-                .get(&format!("history_events_total{{outcome=\"{name}\"}}"))
-                .unwrap_or(0.0) as u64
-        };
-        self.figures.applied_outcomes += outcome("applied");
-        self.figures.already_applied_outcomes += outcome("already_applied");
         self.figures.database_timeouts += metrics.sum("history_db_timeouts_total") as u64;
     }
 
@@ -333,7 +362,20 @@ impl Chaos {
             let Some(instance) = slot.take() else {
                 continue;
             };
-            match instance.wait_stopped(Duration::from_secs(60)) {
+            let lifetime = instance.lifetime.clone();
+            let stopped = instance.wait_stopped(Duration::from_secs(60));
+            // Every line it wrote has been read: its exit line, if it wrote one.
+            let exit = self.feed.exits.lock().unwrap().get(&lifetime).copied();
+            if exit.is_none() && matches!(&stopped, Ok(status) if status.code() == Some(0)) {
+                self.figures
+                    .violations
+                    .push(format!("{lifetime} stopped without its exit line's counts"));
+            }
+            self.lifetimes.push(Lifetime {
+                name: lifetime,
+                count: exit.map_or(Count::Missing, Count::AtExit),
+            });
+            match stopped {
                 Ok(status) if status.code() == Some(0) => {}
                 Ok(status) => self
                     .figures
@@ -519,7 +561,7 @@ impl Chaos {
         let ends = wait_until_committed(&self.runtime, &self.brokers, Duration::from_secs(180));
         self.figures.final_metrics = (0..self.instances.len()).map(|n| self.metrics(n)).collect();
         for metrics in self.figures.final_metrics.clone() {
-            self.count_outcomes(&metrics);
+            self.count_timeouts(&metrics);
         }
         // Once they are stopped, every line they wrote has been read: the checker has every
         // commit.
@@ -575,6 +617,14 @@ impl Chaos {
         self.figures.doubled = found.doubled;
         self.figures.unseen = found.unseen;
         self.figures.violations.extend(found.violations);
+        let markers = markers_by_lifetime(&self.runtime, &self.database_url);
+        self.figures.outcomes = crate::outcomes::check(&self.lifetimes, &markers);
+        for lifetime in &self.lifetimes {
+            if let Count::AtExit(claims) | Count::BeforeKill(claims) = lifetime.count {
+                self.figures.applied_outcomes += claims.applied;
+                self.figures.already_applied_outcomes += claims.already_applied;
+            }
+        }
         let figures = self.figures.clone();
         eprintln!("{}", figures.render(self.seed, started.elapsed()));
         eprintln!("  logs in {}", self.dir.display());
@@ -598,6 +648,47 @@ impl Drop for Chaos {
             slot.take();
         }
     }
+}
+
+/// A lifetime's count of its outcomes so far, from its /metrics: every class is required (the
+/// service registers each at start), so a renamed family fails here instead of counting 0.
+fn scraped_claims(lifetime: &str, scraped: &str) -> Claims {
+    let metrics = history_devkit::probe::Metrics::parse(scraped);
+    let outcome = |name: &str| {
+        let key = format!("history_events_total{{outcome=\"{name}\"}}");
+        metrics
+            .get(&key)
+            .unwrap_or_else(|| panic!("{lifetime}'s /metrics has no {key}")) as u64
+    };
+    Claims {
+        applied: outcome("applied"),
+        already_applied: outcome("already_applied"),
+        unknown: outcome("unknown"),
+    }
+}
+
+/// The inbox markers by the lifetime whose transaction inserted them.
+fn markers_by_lifetime(
+    runtime: &tokio::runtime::Runtime,
+    database_url: &str,
+) -> HashMap<String, u64> {
+    let url = database_url.to_owned();
+    runtime.block_on(async move {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .query(
+                "SELECT applied_by, count(*) FROM inbox GROUP BY applied_by",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get::<_, i64>(1) as u64))
+            .collect()
+    })
 }
 
 /// Waits until the group has committed the end of every partition; returns the ends.

@@ -13,6 +13,7 @@ use std::time::Duration;
 use history_devkit::process::{Process, StillRunning, local_listener};
 
 use crate::checker::{CommitSeen, Owned, Truncated};
+use crate::outcomes::Claims;
 use crate::schedule::{GROUP, MAX_PAYLOAD, TOPIC};
 
 /// The consumer-group protocol the instances speak (`kafka.group_protocol`).
@@ -57,6 +58,8 @@ pub struct LogFeed {
     /// The instance each member id the group coordinator gave belongs to (from the member id
     /// its assignment lines carry).
     pub members: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// Each lifetime's count of its outcomes, from its exit line, by lifetime.
+    pub exits: Arc<std::sync::Mutex<std::collections::HashMap<String, Claims>>>,
 }
 
 /// The partition numbers and epochs of a rebalance line (`partitions=["t[4]", …]`,
@@ -102,8 +105,8 @@ impl LogFeed {
         }
     }
 
-    /// One line of instance `n`'s log.
-    fn read(&self, n: usize, line: &str) {
+    /// One line of instance `n`'s log, written in its lifetime `lifetime`.
+    fn read(&self, n: usize, lifetime: &str, line: &str) {
         let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
             return;
         };
@@ -156,6 +159,22 @@ impl LogFeed {
                     self.truncated.lock().unwrap().push((n, partition, at()));
                 }
             }
+            Some(message) if message.starts_with("history-service stopped") => {
+                let count = |field: &str| {
+                    entry[field].as_u64().unwrap_or_else(|| {
+                        panic!("the exit line of {lifetime} has no count {field:?}: {line}")
+                    })
+                };
+                let claims = Claims {
+                    applied: count("applied"),
+                    already_applied: count("already_applied"),
+                    unknown: count("unknown"),
+                };
+                self.exits
+                    .lock()
+                    .unwrap()
+                    .insert(lifetime.to_owned(), claims);
+            }
             // A restarted instance holds nothing of its earlier life.
             Some("history-service starting") => {
                 let at = at();
@@ -175,14 +194,20 @@ pub struct Instance {
     process: Process,
     /// Where its endpoints (`/metrics`) are served.
     port: u16,
+    /// This lifetime's name: its database sessions' `application_name`
+    /// ([`crate::outcomes`]).
+    pub lifetime: String,
 }
 
 impl Instance {
-    /// Starts instance `n` of `binary`; its log is appended to `dir/instance-{n}.log` (a
-    /// restarted instance continues the file) and read into `feed`.
+    /// Starts instance `n` of `binary` for its lifetime `lifetime`, which names its database
+    /// sessions; its log is appended to `dir/instance-{n}.log` (a restarted instance continues
+    /// the file) and read into `feed`.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         binary: &Path,
         n: usize,
+        lifetime: &str,
         dir: &Path,
         database_url: &str,
         brokers: &str,
@@ -197,7 +222,10 @@ impl Instance {
             .open(dir.join(format!("instance-{n}.log")))
             .unwrap();
         let env: Vec<(String, String)> = [
-            ("HISTORY__DATABASE__URL", database_url.to_owned()),
+            (
+                "HISTORY__DATABASE__URL",
+                format!("{database_url}?application_name={lifetime}"),
+            ),
             ("HISTORY__DATABASE__CONNECT_TIMEOUT_MS", "1000".into()),
             ("HISTORY__KAFKA__BROKERS", brokers.to_owned()),
             ("HISTORY__KAFKA__GROUP_ID", GROUP.into()),
@@ -235,6 +263,7 @@ impl Instance {
             }),
         )
         .collect();
+        let named = lifetime.to_owned();
         let process = Process::command(binary)
             .arg("run")
             .envs(&env)
@@ -243,11 +272,15 @@ impl Instance {
             .hand_over(listener)
             .on_line(move |line| {
                 let _ = writeln!(log, "{line}");
-                feed.read(n, line);
+                feed.read(n, &named, line);
             })
             .spawn()
             .unwrap();
-        Instance { process, port }
+        Instance {
+            process,
+            port,
+            lifetime: lifetime.to_owned(),
+        }
     }
 
     /// SIGKILL: no LeaveGroup, no final commit. Returns once every line it wrote was read.

@@ -9,6 +9,7 @@ mod broker;
 mod checker;
 mod harness;
 mod instance;
+mod outcomes;
 mod producer;
 mod schedule;
 
@@ -35,16 +36,28 @@ fn assert_clean(figures: &Figures) {
         figures.regressions, 0,
         "committed positions moved backwards"
     );
-    // More Applied outcomes than events is an event applied twice. Fewer is allowed: a commit
-    // whose reply was lost (a session cut, a member frozen past its deadline) is Unknown, and
-    // the retry finds the event AlreadyApplied; and a killed instance's last moments are not
-    // counted.
+    // Each lifetime against the inbox markers its own transactions inserted (crate::outcomes).
+    assert_eq!(
+        figures.outcomes.applied_beyond_markers,
+        0,
+        "Applied outcomes beyond the inbox markers their lifetime inserted:\n{}",
+        figures.outcomes.violations.join("\n")
+    );
+    assert_eq!(
+        figures.outcomes.applied_unreported,
+        0,
+        "inbox markers their lifetime did not report as Applied or unknown:\n{}",
+        figures.outcomes.violations.join("\n")
+    );
     assert!(
-        figures.applied_twice() <= 0,
-        "{} Applied outcomes beyond the distinct events ({} Applied, {} distinct events)",
-        figures.applied_twice(),
-        figures.applied_outcomes,
-        figures.distinct_events
+        figures.outcomes.violations.is_empty(),
+        "outcomes:\n{}",
+        figures.outcomes.violations.join("\n")
+    );
+    assert!(
+        figures.outcomes.at_exit > 0,
+        "no lifetime's whole count was read: {:?}",
+        figures.outcomes
     );
     assert!(figures.commits_checked > 0, "no commit was observed");
 }
