@@ -51,43 +51,37 @@ impl Sample {
             .map(|(_, v)| v.as_str())
     }
 
-    fn parse(line: &str) -> Option<Sample> {
-        let (series, value) = line.rsplit_once(' ')?;
-        let value = value.parse().ok()?;
-        let (name, labels) = match series.split_once('{') {
-            Some((name, rest)) => (name, parse_labels(rest.strip_suffix('}')?)?),
-            None => (series, Vec::new()),
+    /// The sample as the exposition writes it, from the parser's view of it.
+    fn from_parsed(parsed: &nom_openmetrics::Sample<'_>) -> Sample {
+        let labels: Vec<(String, String)> = parsed
+            .labels()
+            .iter()
+            .map(|label| (label.name.to_owned(), label.value.clone()))
+            .collect();
+        let series = if labels.is_empty() {
+            parsed.name().to_owned()
+        } else {
+            let written: Vec<String> = labels
+                .iter()
+                .map(|(key, value)| format!("{key}=\"{}\"", escape(value)))
+                .collect();
+            format!("{}{{{}}}", parsed.name(), written.join(","))
         };
-        Some(Sample {
-            series: series.to_owned(),
-            name: name.to_owned(),
+        Sample {
+            series,
+            name: parsed.name().to_owned(),
             labels,
-            value,
-        })
+            value: parsed.number(),
+        }
     }
 }
 
-/// `key="value",key="value"` with `\"`, `\\` and `\n` escapes in the values.
-fn parse_labels(mut text: &str) -> Option<Vec<(String, String)>> {
-    let mut labels = Vec::new();
-    while !text.is_empty() {
-        let (key, rest) = text.split_once("=\"")?;
-        let mut value = String::new();
-        let mut chars = rest.char_indices();
-        let end = loop {
-            match chars.next()? {
-                (at, '"') => break at,
-                (_, '\\') => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    other => value.push(other),
-                },
-                (_, c) => value.push(c),
-            }
-        };
-        labels.push((key.trim().to_owned(), value));
-        text = rest[end + 1..].trim_start_matches(',');
-    }
-    Some(labels)
+/// A label value as the text format writes it: `\\`, `\"` and `\n` escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// A parsed `/metrics` page: look a series up, sum a family, select series by label.
@@ -105,21 +99,39 @@ impl Metrics {
         Self::try_parse(text).unwrap_or_else(|err| panic!("{err}\n{text}"))
     }
 
-    /// Reads an exposition, or names the first line that is not a sample.
+    /// Reads an exposition with `nom_openmetrics`'s parser of the Prometheus text format, which
+    /// takes the whole text or fails; the error names the first line it could not read. Blank
+    /// lines, which the format allows between families, are dropped first (the parser takes
+    /// none).
     pub fn try_parse(text: &str) -> Result<Metrics, String> {
-        let samples = text
-            .lines()
-            .enumerate()
-            .filter(|(_, line)| !line.starts_with('#') && !line.trim().is_empty())
-            .map(|(number, line)| {
-                Sample::parse(line).ok_or_else(|| {
-                    format!(
-                        "line {} of the exposition is not a sample: {line:?}",
-                        number + 1
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let mut kept = String::with_capacity(text.len() + 1);
+        for line in text.lines().filter(|line| !line.trim().is_empty()) {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+        let families = match nom_openmetrics::parser::prometheus(&kept) {
+            Ok((_, families)) => families,
+            Err(err) => {
+                let rest = match &err {
+                    nom::Err::Error(e) | nom::Err::Failure(e) => e
+                        .errors
+                        .first()
+                        .map(|(rest, _)| *rest)
+                        .unwrap_or(kept.as_str()),
+                    nom::Err::Incomplete(_) => "",
+                };
+                let line = kept[..kept.len() - rest.len()].matches('\n').count() + 1;
+                let what = kept.lines().nth(line - 1).unwrap_or_default();
+                return Err(format!(
+                    "line {line} of the exposition (blank lines not counted) is not a \
+                     sample, HELP or TYPE: {what:?}"
+                ));
+            }
+        };
+        let samples = families
+            .iter()
+            .flat_map(|family| family.samples.iter().map(Sample::from_parsed))
+            .collect();
         Ok(Metrics {
             text: text.to_owned(),
             samples,
@@ -224,6 +236,26 @@ mod tests {
         );
         assert_eq!(sample(TEXT, "history_transaction_seconds_count"), Some(4.0));
         assert_eq!(metrics.to_string(), TEXT);
+    }
+
+    #[test]
+    fn a_histogram_keeps_each_sample_and_blank_lines_between_families_are_allowed() {
+        let text = format!(
+            "{TEXT}\n# TYPE history_transaction_seconds histogram\n\
+             history_transaction_seconds_bucket{{le=\"0.005\"}} 1\n\
+             history_transaction_seconds_bucket{{le=\"+Inf\"}} 4\n\
+             history_transaction_seconds_sum 0.25\n\n"
+        );
+        let metrics = Metrics::parse(&text);
+        assert_eq!(
+            metrics.get("history_transaction_seconds_bucket{le=\"+Inf\"}"),
+            Some(4.0)
+        );
+        assert_eq!(
+            metrics.value("history_transaction_seconds_bucket", &[("le", "0.005")]),
+            Some(1.0)
+        );
+        assert_eq!(metrics.get("history_transaction_seconds_sum"), Some(0.25));
     }
 
     #[test]
