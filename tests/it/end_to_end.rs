@@ -503,7 +503,7 @@ async fn lost_under_periodic_commits(protocol: &str) {
     let metrics = app.metrics().await;
     let redone = metrics
         .get("history_events_total{outcome=\"already_applied\"}")
-        .unwrap_or(0.0)
+        .expect("history_events_total{outcome=\"already_applied\"} is served")
         - (records.len() as f64 - distinct as f64);
     eprintln!(
         "{protocol}: lost assignment {lost:?} under 100 ms periodic commits: {} commits before the loss, \

@@ -66,7 +66,7 @@ async fn drain(protocol: &str) {
     assert!(
         metrics
             .value("history_rebalances_total", &[("kind", "assign")])
-            .unwrap_or(0.0)
+            .expect("history_rebalances_total{kind=\"assign\"} is served")
             >= 1.0,
         "{metrics}"
     );
@@ -177,7 +177,7 @@ fn rebalances(metrics: &history_devkit::probe::Metrics) -> [f64; 3] {
     ["assign", "revoke", "lost"].map(|kind| {
         metrics
             .value("history_rebalances_total", &[("kind", kind)])
-            .unwrap_or(0.0)
+            .unwrap_or_else(|| panic!("history_rebalances_total{{kind=\"{kind}\"}} is served"))
     })
 }
 
