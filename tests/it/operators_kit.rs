@@ -209,6 +209,7 @@ fn the_alert_rules_cover_the_readme_list_and_the_prometheus_rule_carries_the_sam
         "HistoryFetchSizingExceeded",
         "HistoryOffsetRewound",
         "HistoryDatabaseBehindKafka",
+        "HistoryPartitionWaiting",
     ] {
         assert!(alert_names.contains(required), "no alert {required}");
     }
