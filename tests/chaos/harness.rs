@@ -618,7 +618,11 @@ impl Chaos {
         self.figures.unseen = found.unseen;
         self.figures.violations.extend(found.violations);
         let markers = markers_by_lifetime(&self.runtime, &self.database_url);
-        self.figures.outcomes = crate::outcomes::check(&self.lifetimes, &markers);
+        self.figures.outcomes = crate::outcomes::check(
+            &self.lifetimes,
+            &markers,
+            crate::instance::IN_FLIGHT_AT_KILL,
+        );
         for lifetime in &self.lifetimes {
             if let Count::AtExit(claims) | Count::BeforeKill(claims) = lifetime.count {
                 self.figures.applied_outcomes += claims.applied;

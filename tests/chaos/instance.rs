@@ -16,6 +16,16 @@ use crate::checker::{CommitSeen, Owned, Truncated};
 use crate::outcomes::Claims;
 use crate::schedule::{GROUP, MAX_PAYLOAD, TOPIC};
 
+/// Each instance's writers (`pipeline.writers`) and the most events in a batch of theirs
+/// (`pipeline.batch_max_events`).
+const WRITERS: u64 = 2;
+const BATCH_MAX_EVENTS: u64 = 200;
+
+/// The most events a killed instance may have applied after its last scrape: each writer's
+/// transaction under way then, and the next one it may have sent before the kill
+/// ([`crate::outcomes`]).
+pub const IN_FLIGHT_AT_KILL: u64 = 2 * WRITERS * BATCH_MAX_EVENTS;
+
 /// The consumer-group protocol the instances speak (`kafka.group_protocol`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
@@ -239,7 +249,11 @@ impl Instance {
                 "HISTORY__PIPELINE__MAX_IN_FLIGHT_PER_PARTITION",
                 "300".into(),
             ),
-            ("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "200".into()),
+            ("HISTORY__PIPELINE__WRITERS", WRITERS.to_string()),
+            (
+                "HISTORY__PIPELINE__BATCH_MAX_EVENTS",
+                BATCH_MAX_EVENTS.to_string(),
+            ),
             // Small oversized poison keeps a long run within the broker's retention.
             (
                 "HISTORY__PIPELINE__MAX_PAYLOAD_BYTES",

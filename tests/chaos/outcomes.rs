@@ -11,9 +11,13 @@
 //! - a lifetime that stopped (its exit line gives its whole count) must count at least its
 //!   markers less its `unknown` outcomes — fewer is an apply it did not report.
 //!
-//! A killed lifetime's count is its last scrape, a lower bound: only the first rule holds for
-//! it. The check compares each lifetime with itself, so one lifetime's missing count cannot
-//! hide another's extra one.
+//! A killed lifetime's count is its last scrape before the SIGKILL. What it applied after that
+//! scrape is what its writers had under way: each writer's transaction in flight at the scrape,
+//! and the next one it may have sent before the kill (one round trip: PostgreSQL commits it
+//! though the client is gone). So a killed lifetime may insert at most that many markers beyond
+//! its count (`in_flight`: twice the writers' batches), and never fewer than its `Applied`.
+//! The check compares each lifetime with itself, so one lifetime's missing count cannot hide
+//! another's extra one.
 
 use std::collections::HashMap;
 
@@ -49,7 +53,8 @@ pub struct Lifetime {
 pub struct OutcomeCheck {
     /// `Applied` outcomes beyond the markers their lifetime inserted, summed over lifetimes.
     pub applied_beyond_markers: u64,
-    /// Markers a stopped lifetime inserted and counted neither `Applied` nor `unknown`.
+    /// Markers a lifetime inserted and counted neither `Applied` nor `unknown`: beyond its
+    /// count if it stopped, beyond its count and what it had in flight if it was killed.
     pub applied_unreported: u64,
     /// Lifetimes counted at exit, counted before a kill, and without a count.
     pub at_exit: usize,
@@ -62,8 +67,13 @@ pub struct OutcomeCheck {
 }
 
 /// Compares each lifetime's count with `markers`, the inbox markers by the `application_name`
-/// that inserted them.
-pub fn check(lifetimes: &[Lifetime], markers: &HashMap<String, u64>) -> OutcomeCheck {
+/// that inserted them; a killed lifetime may have applied up to `in_flight` events after its
+/// last count.
+pub fn check(
+    lifetimes: &[Lifetime],
+    markers: &HashMap<String, u64>,
+    in_flight: u64,
+) -> OutcomeCheck {
     let mut found = OutcomeCheck::default();
     for lifetime in lifetimes {
         let inserted = markers.get(&lifetime.name).copied().unwrap_or(0);
@@ -71,14 +81,14 @@ pub fn check(lifetimes: &[Lifetime], markers: &HashMap<String, u64>) -> OutcomeC
             "{}: {:?}, inbox markers {inserted}",
             lifetime.name, lifetime.count
         ));
-        let (claims, whole) = match lifetime.count {
+        let (claims, unseen) = match lifetime.count {
             Count::AtExit(claims) => {
                 found.at_exit += 1;
-                (claims, true)
+                (claims, 0)
             }
             Count::BeforeKill(claims) => {
                 found.before_kill += 1;
-                (claims, false)
+                (claims, in_flight)
             }
             Count::Missing => {
                 found.missing += 1;
@@ -93,13 +103,20 @@ pub fn check(lifetimes: &[Lifetime], markers: &HashMap<String, u64>) -> OutcomeC
                 lifetime.name, claims.applied
             ));
         }
-        if whole && inserted > claims.applied + claims.unknown {
-            let unreported = inserted - claims.applied - claims.unknown;
-            found.applied_unreported += unreported;
+        let accounted = claims.applied + claims.unknown + unseen;
+        if inserted > accounted {
+            found.applied_unreported += inserted - accounted;
             found.violations.push(format!(
                 "lifetime {}: its transactions inserted {inserted} inbox markers, but it counted \
-                 {} Applied and {} unknown",
-                lifetime.name, claims.applied, claims.unknown
+                 {} Applied and {} unknown{}",
+                lifetime.name,
+                claims.applied,
+                claims.unknown,
+                if unseen > 0 {
+                    format!(" before its kill, with at most {unseen} more in flight")
+                } else {
+                    String::new()
+                }
             ));
         }
     }
@@ -144,7 +161,7 @@ mod tests {
             lifetime("b", Count::AtExit(claims(200, 3))),
         ];
         // a applied 10 more after its last scrape; b's 3 unknown commits had committed.
-        let found = check(&lifetimes, &markers(&[("a", 100), ("b", 203)]));
+        let found = check(&lifetimes, &markers(&[("a", 100), ("b", 203)]), 10);
         assert_eq!(found.violations, Vec::<String>::new());
         assert_eq!((found.at_exit, found.before_kill, found.missing), (1, 1, 0));
     }
@@ -156,24 +173,31 @@ mod tests {
             lifetime("killed", Count::BeforeKill(claims(40, 0))),
             lifetime("stopped", Count::AtExit(claims(60, 0))),
         ];
-        let found = check(&lifetimes, &markers(&[("killed", 50), ("stopped", 50)]));
+        let found = check(&lifetimes, &markers(&[("killed", 50), ("stopped", 50)]), 10);
         assert_eq!(found.applied_beyond_markers, 10);
         assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
     }
 
     #[test]
-    fn a_stopped_lifetime_that_counts_too_few_is_caught_and_a_killed_one_is_not() {
+    fn too_few_applies_are_caught_beyond_what_a_killed_lifetime_had_in_flight() {
         let found = check(
             &[lifetime("stopped", Count::AtExit(claims(95, 2)))],
             &markers(&[("stopped", 100)]),
+            10,
         );
         assert_eq!(found.applied_unreported, 3);
-        let found = check(
-            &[lifetime("killed", Count::BeforeKill(claims(95, 2)))],
-            &markers(&[("killed", 100)]),
-        );
+        // Killed: the 3 may have been in flight at the scrape, and 10 may be.
+        let killed = [lifetime("killed", Count::BeforeKill(claims(95, 2)))];
+        let found = check(&killed, &markers(&[("killed", 107)]), 10);
         assert_eq!(found.violations, Vec::<String>::new());
         assert_eq!((found.applied_unreported, found.before_kill), (0, 1));
+        let found = check(&killed, &markers(&[("killed", 108)]), 10);
+        assert_eq!(found.applied_unreported, 1);
+        assert!(
+            found.violations[0].contains("in flight"),
+            "{:?}",
+            found.violations
+        );
     }
 
     #[test]
@@ -181,6 +205,7 @@ mod tests {
         let found = check(
             &[lifetime("gone", Count::Missing)],
             &markers(&[("gone", 5), ("stranger", 1)]),
+            10,
         );
         assert_eq!(found.missing, 1);
         assert_eq!(found.violations.len(), 1, "{:?}", found.violations);
