@@ -371,6 +371,8 @@ async fn the_dashboard_parses_and_queries_only_families_the_service_exports() {
         "history_rebalances_total",
         "history_offset_commits_total",
         "history_dead_letters_total",
+        "history_committed_offset",
+        "history_partitions_in_turn",
     ] {
         assert!(used.contains(shown), "the dashboard does not show {shown}");
     }
