@@ -329,8 +329,9 @@ impl Chaos {
                 // It did not answer (still starting): what it did is in the database only.
                 Count::Missing
             } else {
-                self.count_timeouts(&scraped);
-                Count::BeforeKill(scraped_claims(&instance.lifetime, &scraped))
+                let metrics = history_devkit::probe::Metrics::parse(&scraped);
+                self.count_timeouts(&metrics);
+                Count::BeforeKill(scraped_claims(&instance.lifetime, &metrics))
             };
             self.lifetimes.push(Lifetime {
                 name: instance.lifetime.clone(),
@@ -342,8 +343,7 @@ impl Chaos {
     }
 
     /// Adds a lifetime's writes abandoned at their deadline, from its /metrics.
-    fn count_timeouts(&mut self, metrics: &str) {
-        let metrics = history_devkit::probe::Metrics::parse(metrics);
+    fn count_timeouts(&mut self, metrics: &history_devkit::probe::Metrics) {
         self.figures.database_timeouts += metrics.sum("history_db_timeouts_total") as u64;
     }
 
@@ -561,7 +561,7 @@ impl Chaos {
         let ends = wait_until_committed(&self.runtime, &self.brokers, Duration::from_secs(180));
         self.figures.final_metrics = (0..self.instances.len()).map(|n| self.metrics(n)).collect();
         for metrics in self.figures.final_metrics.clone() {
-            self.count_timeouts(&metrics);
+            self.count_timeouts(&history_devkit::probe::Metrics::parse(&metrics));
         }
         // Once they are stopped, every line they wrote has been read: the checker has every
         // commit.
@@ -656,8 +656,7 @@ impl Drop for Chaos {
 
 /// A lifetime's count of its outcomes so far, from its /metrics: every class is required (the
 /// service registers each at start), so a renamed family fails here instead of counting 0.
-fn scraped_claims(lifetime: &str, scraped: &str) -> Claims {
-    let metrics = history_devkit::probe::Metrics::parse(scraped);
+fn scraped_claims(lifetime: &str, metrics: &history_devkit::probe::Metrics) -> Claims {
     let outcome = |name: &str| {
         let key = format!("history_events_total{{outcome=\"{name}\"}}");
         metrics
