@@ -581,6 +581,7 @@ async fn start(
     }
     let turns = turns.ok();
     crate::metrics::set_partitions_in_turn(turns.is_some());
+    crate::metrics::set_partitions_in_fetch_order(0);
     let fetch = turns.map_or(sizing.fetch, |turns| turns.fetch(sizing.fetch));
     let context = context
         .with_sizing(SizingWatch::new(sizing))

@@ -78,6 +78,9 @@ pub const KAFKA_BROKERS: &str = "history_kafka_brokers";
 /// The brokers the consumer's fetch requests were sized for at start-up.
 pub const FETCH_SIZED_BROKERS: &str = "history_fetch_sized_brokers";
 pub const PARTITIONS_IN_TURN: &str = "history_partitions_in_turn";
+/// Assigned partitions without a queue of their own, taken from the consumer queue in fetch
+/// order.
+pub const PARTITIONS_IN_FETCH_ORDER: &str = "history_partitions_in_fetch_order";
 /// How much the fetched record batches decompressed by, over the last statistics interval.
 pub const FETCH_COMPRESSION_RATIO: &str = "history_fetch_compression_ratio";
 /// `kafka.max_compression_ratio`, the ratio the fetch requests were sized for.
@@ -231,8 +234,15 @@ pub fn register_families() {
     describe_gauge!(
         PARTITIONS_IN_TURN,
         "1 when each assigned partition has a queue of its own and the partitions take turns; \
-         0 when records are taken in the order they were fetched (the budget cannot hold two \
-         record batches of each partition)."
+         0 when some or all are taken in the order they were fetched (their record batches \
+         outgrew their turn, or the budget cannot hold a few small batches of each partition)."
+    );
+    describe_gauge!(
+        PARTITIONS_IN_FETCH_ORDER,
+        "Assigned partitions taken from the consumer queue in the order they were fetched, \
+         not in turn: after a fetched record batch outgrew a partition's share, those not \
+         caught up with their log (or every assigned partition, when the budget cannot give \
+         each a turn)."
     );
     describe_gauge!(
         FETCH_COMPRESSION_RATIO,
@@ -568,6 +578,11 @@ pub fn set_fetch_sizing(brokers: usize, ratio: usize, client_bytes: usize) {
 /// Whether the partitions take turns (`crate::kafka::split_queues`).
 pub fn set_partitions_in_turn(in_turn: bool) {
     metrics::gauge!(PARTITIONS_IN_TURN).set(if in_turn { 1.0 } else { 0.0 });
+}
+
+/// How many assigned partitions are taken in fetch order (`crate::kafka::split_queues`).
+pub fn set_partitions_in_fetch_order(partitions: usize) {
+    metrics::gauge!(PARTITIONS_IN_FETCH_ORDER).set(partitions as f64);
 }
 
 /// What the client's statistics say of the cluster and the fetched batches, and what the

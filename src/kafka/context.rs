@@ -203,6 +203,12 @@ impl SupervisorContext {
             .filter(|_| !self.turns_ended.load(Ordering::Relaxed))
     }
 
+    /// How the prefetch was shared at start-up, whether the turns ended since or not: the
+    /// partitions that kept their queues then are still looked at with it.
+    pub fn planned_turns(&self) -> Option<&Turns> {
+        self.turns.as_ref()
+    }
+
     /// Whether each assigned partition has a queue of its own.
     pub fn splits_partitions(&self) -> bool {
         self.turns().is_some()
@@ -212,7 +218,6 @@ impl SupervisorContext {
     /// their own.
     pub fn end_turns(&self) {
         self.turns_ended.store(true, Ordering::Relaxed);
-        crate::metrics::set_partitions_in_turn(false);
     }
 
     /// Whether partitions took turns once and no longer do.

@@ -325,7 +325,9 @@ const RECORDS_PER_TURN: usize = 1024;
 /// without waiting, up to `RECORDS_PER_TURN` and while the budget has room. Rebalance
 /// callbacks run while the consumer queue is polled, so the events they queue are yielded
 /// before the record that poll returned. Each assigned partition's records come from a queue of
-/// its own (`split_queues`), one partition's record after another's. A record is taken from
+/// its own (`split_queues`), one partition's record after another's, until a batch of it is
+/// larger than its turn allows: it is then taken from the consumer queue, in fetch order with
+/// the others given back, the consumer queue taking a turn for each. A record is taken from
 /// the client only while the `intake` has room; when it had none for `max_wait`, every
 /// partition is paused and the client polled for callbacks alone until the service holds half
 /// of its budget (`intake`).
@@ -338,6 +340,9 @@ pub fn item_stream(
     positions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let state = Polling {
         split: SplitQueues::default(),
+        carried: Vec::new(),
+        outgrown_once: Vec::new(),
+        rejoined: Vec::new(),
         consumer,
         intake,
         known: Vec::new(),
@@ -359,6 +364,7 @@ pub fn item_stream(
         let mut items = Vec::new();
         state.rebalances(&mut items);
         if check_positions {
+            state.turn_again();
             items.extend(passed_over(
                 &state.consumer,
                 &mut state.known,
@@ -373,22 +379,21 @@ pub fn item_stream(
         let mut next = Some(first);
         while let Some(received) = next.take() {
             state.take(received, paused, &mut items);
+            if state.split.has_outgrown() {
+                state.rejoin_outgrown();
+            }
             // Paused, the stream only polls for callbacks: one record at a time.
-            // A queue that outgrew the turns ends them before another partition's record keeps
-            // its batch allocated.
             if paused
                 || taken == RECORDS_PER_TURN
                 || !state.intake.has_room()
-                || state.split.has_outgrown()
+                || !state.rejoined.is_empty()
             {
                 break;
             }
             next = state.ready();
             taken += 1;
         }
-        if let Some(outgrown) = state.split.outgrown() {
-            state.end_turns(&outgrown);
-        }
+        state.report_rejoined();
         Some((items, state))
     })
 }
@@ -397,6 +402,12 @@ pub fn item_stream(
 struct Polling {
     /// Declared first: the queues are dropped before the stream's handle on the consumer.
     split: SplitQueues<HistoryConsumer>,
+    /// The assigned partitions without a queue of their own: taken from the consumer queue.
+    carried: Vec<TopicPartition>,
+    /// The partitions that showed a batch larger than their turn: in fetch order for good.
+    outgrown_once: Vec<TopicPartition>,
+    /// The partitions given back to the consumer queue in this turn, not yet reported.
+    rejoined: Vec<(split_queues::Outgrown, usize)>,
     consumer: Arc<HistoryConsumer>,
     intake: Arc<Intake>,
     known: Vec<TopicPartition>,
@@ -419,7 +430,14 @@ impl Polling {
     /// What the client holds already, without waiting: a partition queue's next record in
     /// turn, or else the consumer queue's next item (whose poll may run rebalance callbacks).
     fn ready(&mut self) -> Option<Taken> {
-        if let Some((tp, taken)) = self.split.take(self.consumer.context().turns()) {
+        if self.split.main_due() {
+            let received = self.consumer.recv().now_or_never();
+            self.split.main_polled(received.is_some());
+            if let Some(received) = received {
+                return Some(Taken::main(received));
+            }
+        }
+        if let Some((tp, taken)) = self.split.take(self.consumer.context().planned_turns()) {
             return Some(Taken::Record(tp, taken));
         }
         let received = self.consumer.recv().now_or_never()?;
@@ -470,17 +488,49 @@ impl Polling {
         KafkaItem::Record(tp, record, held)
     }
 
+    /// A queue showed a fetched batch larger than a partition's turn allows. The first ends the
+    /// turns ([`Self::end_turns`]); after it, a partition taken in turn again that shows one is
+    /// taken in fetch order with the rest, for good.
+    fn rejoin_outgrown(&mut self) {
+        if !self.consumer.context().turns_ended() {
+            self.end_turns();
+            return;
+        }
+        let rejoined = self.split.rejoin_outgrown(self.consumer.as_ref());
+        for (outgrown, _) in &rejoined {
+            if !self.carried.contains(&outgrown.tp) {
+                self.carried.push(outgrown.tp.clone());
+            }
+            if !self.outgrown_once.contains(&outgrown.tp) {
+                self.outgrown_once.push(outgrown.tp.clone());
+            }
+        }
+        self.rejoined.extend(rejoined);
+        self.carried_changed();
+    }
+
     /// Partitions are taken in fetch order from now on: a partition's queue showed a fetched
     /// batch larger than the turns allow, and with a batch like it in every partition's queue
     /// the client would hold more than its share of the budget. Every queue is given back to
-    /// the consumer queue, records and all (each partition's in order).
-    fn end_turns(&mut self, outgrown: &split_queues::Outgrown) {
+    /// the consumer queue, records and all (each partition's in order); the partitions caught
+    /// up with their log are then taken in turn again ([`Self::turn_again`]).
+    fn end_turns(&mut self) {
         let context = self.consumer.context();
         let Some(turns) = context.turns().copied() else {
             return;
         };
+        let Some(outgrown) = self.split.outgrown_first() else {
+            return;
+        };
         context.end_turns();
-        let queued_at_end = self.split.rejoin_all(self.consumer.as_ref());
+        self.outgrown_once.push(outgrown.tp.clone());
+        let (rejoined, queued_at_end) = self.split.rejoin_all(self.consumer.as_ref());
+        for tp in rejoined {
+            if !self.carried.contains(&tp) {
+                self.carried.push(tp);
+            }
+        }
+        self.carried_changed();
         let max_in_flight_bytes = turns.budget_bytes;
         let needed = turns.budget_for(outgrown.batch);
         tracing::warn!(
@@ -499,10 +549,110 @@ impl Polling {
              reach a megabyte writing a backlog), and a batch like it in \
              each partition's queue would exceed the budget. Records are taken in the order \
              they were fetched until the service restarts; under a slow database one \
-             partition's run is written while the others wait. Raise \
+             partition's run is written while the others wait. A partition caught up with its \
+             log is taken in turn again, until it shows such a batch itself. Raise \
              pipeline.max_in_flight_bytes to the value named for partitions to take turns \
              with batches of this size"
         );
+        self.turn_again();
+    }
+
+    /// After the turns ended, the partitions in fetch order that are caught up with their log
+    /// (their high watermark, as the client last saw it, is what was handed over) get a queue
+    /// of their own again: a quiet partition's new event is then taken in its turn, not after
+    /// the backlog of the others' fetched batches. None of its records is in the consumer queue
+    /// but those of a fetch under way: the partition is paused (which makes what the client
+    /// queued of it stale, dropped unread, and sets its next fetch at what was handed over),
+    /// split off, and resumed — under the fetching decisions' lock, so a pause of the budget or
+    /// of its window is neither undone nor missed. A partition that showed a batch larger than
+    /// its turn stays in fetch order.
+    fn turn_again(&mut self) {
+        if !self.consumer.context().turns_ended() {
+            return;
+        }
+        let candidates: Vec<(TopicPartition, i64, i64)> = self
+            .carried
+            .iter()
+            .filter(|tp| !self.outgrown_once.contains(tp))
+            .filter_map(|tp| {
+                let (low, high) = split_queues::watermarks(self.consumer.as_ref(), tp)?;
+                split_queues::caught_up(low, high, self.handed.next(tp))
+                    .then(|| (tp.clone(), low, high))
+            })
+            .collect();
+        for (tp, low, high) in candidates {
+            let consumer = self.consumer.clone();
+            let wake = self.split.wake();
+            let opened = self.intake.flow(|flow| {
+                if flow.is_instance_paused() || flow.is_paused(&tp) {
+                    return None;
+                }
+                let mut tpl = rdkafka::TopicPartitionList::with_capacity(1);
+                tpl.add_partition(&tp.topic, tp.partition);
+                if let Err(err) = consumer.pause(&tpl) {
+                    tracing::warn!(%tp, error = %err, "the caught-up partition could not be paused to take it in turn again");
+                    return None;
+                }
+                let queue = SplitQueue::open(consumer.clone(), tp.clone(), wake);
+                if queue.is_none() && !split_queues::rejoin(consumer.as_ref(), &tp) {
+                    tracing::error!(%tp, "the partition's queue could not be given back to the consumer queue: its records are not taken");
+                }
+                if let Err(err) = consumer.resume(&tpl) {
+                    tracing::error!(%tp, error = %err, "the partition could not be resumed: its records are not taken");
+                }
+                queue
+            });
+            if let Some(queue) = opened {
+                tracing::info!(
+                    %tp,
+                    low,
+                    high,
+                    handed_next = ?self.handed.next(&tp),
+                    "a partition caught up with its log is taken in turn again"
+                );
+                self.split.insert(queue);
+                self.carried.retain(|carried| carried != &tp);
+            }
+        }
+        self.carried_changed();
+    }
+
+    /// One WARN for the partitions taken in turn again that were taken in fetch order in this
+    /// turn.
+    fn report_rejoined(&mut self) {
+        if self.rejoined.is_empty() {
+            return;
+        }
+        let rejoined = std::mem::take(&mut self.rejoined);
+        let Some(turns) = self.consumer.context().planned_turns().copied() else {
+            return;
+        };
+        let largest = rejoined
+            .iter()
+            .map(|(outgrown, _)| outgrown)
+            .max_by_key(|outgrown| outgrown.batch)
+            .expect("one partition at least");
+        let partitions: Vec<String> = rejoined
+            .iter()
+            .map(|(outgrown, _)| outgrown.tp.to_string())
+            .collect();
+        tracing::warn!(
+            partitions = ?partitions,
+            in_fetch_order = self.carried.len(),
+            queued_at_end = rejoined.iter().map(|(_, held)| held).sum::<usize>(),
+            batch_bytes = largest.batch,
+            needed = turns.budget_for(largest.batch),
+            "partitions taken in turn again are taken in fetch order for good: a fetch brought \
+             them a record batch larger than a partition's turn allows"
+        );
+    }
+
+    /// The consumer queue's part of the turns and the gauges follow the partitions it carries.
+    fn carried_changed(&mut self) {
+        self.split.set_carried(self.carried.len());
+        let splits = self.consumer.context().planned_turns().is_some();
+        crate::metrics::set_partitions_in_fetch_order(self.carried.len());
+        crate::metrics::set_partitions_in_turn(splits && self.carried.is_empty());
     }
 
     /// Opens the queues of assigned partitions, drops those of revoked ones.
@@ -511,19 +661,33 @@ impl Polling {
             RebalanceEvent::Assigned(partitions) => {
                 for (tp, _) in partitions {
                     self.handed.forget(tp);
-                    if !self.consumer.context().splits_partitions() {
+                    let context = self.consumer.context();
+                    let own_queue = if !context.splits_partitions() {
                         // The rebalance callback may have split it off before the turns ended.
-                        if self.consumer.context().turns_ended()
+                        self.split.remove(tp);
+                        if context.turns_ended()
                             && !split_queues::rejoin(self.consumer.as_ref(), tp)
                         {
                             tracing::error!(%tp, "the partition's queue could not be given back to the consumer queue: its records are not taken");
                         }
-                        continue;
-                    }
-                    match SplitQueue::open(self.consumer.clone(), tp.clone(), self.split.wake()) {
-                        Some(queue) => self.split.insert(queue),
-                        // Its records come through the consumer queue, as they would unsplit.
-                        None => tracing::warn!(%tp, "the partition's queue could not be split off"),
+                        false
+                    } else {
+                        match SplitQueue::open(self.consumer.clone(), tp.clone(), self.split.wake())
+                        {
+                            Some(queue) => {
+                                self.split.insert(queue);
+                                true
+                            }
+                            None => {
+                                // Its records come through the consumer queue, as they would
+                                // unsplit.
+                                tracing::warn!(%tp, "the partition's queue could not be split off");
+                                false
+                            }
+                        }
+                    };
+                    if !own_queue && !self.carried.contains(tp) {
+                        self.carried.push(tp.clone());
                     }
                 }
             }
@@ -531,9 +695,11 @@ impl Polling {
                 for (tp, _) in partitions {
                     self.handed.forget(tp);
                     self.split.remove(tp);
+                    self.carried.retain(|carried| carried != tp);
                 }
             }
         }
+        self.carried_changed();
     }
 }
 
@@ -612,8 +778,16 @@ async fn next_record(
                     return Some(Taken::main(received));
                 }
             }
+            // The partitions the consumer queue carries take their turns with the others.
+            if split.main_due() {
+                let received = consumer.recv().now_or_never();
+                split.main_polled(received.is_some());
+                if let Some(received) = received {
+                    return Some(Taken::main(received));
+                }
+            }
             loop {
-                if let Some((tp, taken)) = split.take(consumer.context().turns()) {
+                if let Some((tp, taken)) = split.take(consumer.context().planned_turns()) {
                     return Some(Taken::Record(tp, taken));
                 }
                 tokio::select! {

@@ -34,6 +34,12 @@ impl HandedOver {
         seen.passed = None;
     }
 
+    /// The offset after the last record of the partition handed over, if one was since its
+    /// assignment.
+    pub(crate) fn next(&self, tp: &TopicPartition) -> Option<i64> {
+        self.partitions.get(tp).and_then(|seen| seen.next)
+    }
+
     /// The partition's assignment began or ended: nothing of it is known.
     pub(crate) fn forget(&mut self, tp: &TopicPartition) {
         self.partitions.remove(tp);

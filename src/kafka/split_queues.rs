@@ -237,16 +237,84 @@ unsafe fn record_of_native(message: &rdsys::rd_kafka_message_t) -> Fetched {
     })
 }
 
-/// The open partition queues of the current assignment, taken one record at a time in turn.
+/// The partition's low and high watermarks as the client last saw them (the high one with each
+/// fetch response, the low one with its statistics; -1001 where it saw none). Asks no broker.
+pub(crate) fn watermarks<C: ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    tp: &TopicPartition,
+) -> Option<(i64, i64)> {
+    let rk = consumer.client().native_ptr();
+    let topic = CString::new(&*tp.topic).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: `rk` is the live client; librdkafka writes the two offsets it has cached.
+    let err = unsafe {
+        rdsys::rd_kafka_get_watermark_offsets(rk, topic.as_ptr(), tp.partition, &mut low, &mut high)
+    };
+    (err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then_some((low, high))
+}
+
+/// Whether a partition is caught up with its log: its high watermark is known (a fetch
+/// response came) and nothing lies past what was handed over — or, nothing handed over since
+/// it was assigned, the log holds no record at all (a fetch response that brought none is no
+/// proof: a response full with other partitions' batches brings none).
+pub(crate) fn caught_up(low: i64, high: i64, handed_next: Option<i64>) -> bool {
+    if high < 0 {
+        return false;
+    }
+    match handed_next {
+        Some(next) => next >= high,
+        None => high == 0 || (low >= 0 && low == high),
+    }
+}
+
+/// The open partition queues of the current assignment, taken one record at a time in turn,
+/// and the consumer queue's turns for the partitions it carries.
 pub(crate) struct SplitQueues<K> {
     queues: Vec<SplitQueue<K>>,
     /// The queue whose turn is next.
     next: usize,
     wake: Arc<Notify>,
     /// The record bytes taken so far, for the size of what a queue holds (librdkafka counts a
-    /// record's payload); and what a queue found holding more than the turns allow showed.
+    /// record's payload); and what the queues found holding more than the turns allow showed.
     taken: Taken,
-    outgrown: Option<Outgrown>,
+    outgrown: Vec<Outgrown>,
+    /// The consumer queue's part of the turns ([`MainTurns`]).
+    main: MainTurns,
+}
+
+/// The consumer queue as one participant of the turns, weighted by the partitions it carries
+/// (those given back, and any that could not be split): while the partition queues have
+/// records, it is owed a record for each partition it carries per round of the queues, so a
+/// partition in fetch order is not starved by those in turn, nor they by it. The debt is not
+/// kept while it has nothing to give: an idle consumer queue does not bank turns.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MainTurns {
+    /// The partitions the consumer queue carries.
+    carried: usize,
+    /// Records owed to it, in units of one partition queue's record: it is due when it is owed
+    /// a whole round of the queues.
+    owed: usize,
+}
+
+impl MainTurns {
+    /// A record was taken from one of `queues` partition queues.
+    fn queue_served(&mut self, queues: usize) {
+        // At most one round's worth is banked beyond what is due.
+        self.owed = (self.owed + self.carried).min(2 * queues.max(1) * self.carried.max(1));
+    }
+
+    /// Whether the consumer queue's turn has come, beside `queues` partition queues.
+    fn due(&self, queues: usize) -> bool {
+        self.carried > 0 && self.owed >= queues.max(1)
+    }
+
+    fn served(&mut self, queues: usize) {
+        self.owed = self.owed.saturating_sub(queues.max(1));
+    }
+
+    fn idle(&mut self) {
+        self.owed = 0;
+    }
 }
 
 /// Payload bytes and records taken from the queues.
@@ -278,7 +346,8 @@ impl<K> Default for SplitQueues<K> {
             next: 0,
             wake: Arc::new(Notify::new()),
             taken: Taken::default(),
-            outgrown: None,
+            outgrown: Vec::new(),
+            main: MainTurns::default(),
         }
     }
 }
@@ -314,6 +383,7 @@ impl<K> SplitQueues<K> {
             let at = (self.next + step) % count;
             if let Some(taken) = self.queues[at].take() {
                 self.next = (at + 1) % count;
+                self.main.queue_served(count);
                 if let (Some(turns), Ok(record)) = (turns, &taken) {
                     self.watch(at, record, turns);
                 }
@@ -337,42 +407,181 @@ impl<K> SplitQueues<K> {
         let mean = self.taken.bytes / self.taken.records;
         let queued_bytes = (queued_records as u64 * mean) as usize;
         if let Some(batch) = turns.outgrown_by(queued_bytes) {
-            self.outgrown.get_or_insert(Outgrown {
-                tp: queue.partition().clone(),
-                queued_records,
-                queued_bytes,
-                batch,
-            });
+            if !self.outgrown.iter().any(|o| &o.tp == queue.partition()) {
+                self.outgrown.push(Outgrown {
+                    tp: queue.partition().clone(),
+                    queued_records,
+                    queued_bytes,
+                    batch,
+                });
+            }
         }
+    }
+
+    /// What the first queue found holding more than the turns allow showed.
+    pub(crate) fn outgrown_first(&self) -> Option<Outgrown> {
+        self.outgrown.first().cloned()
     }
 
     /// Whether a queue was found holding more than the turns allow.
     pub(crate) fn has_outgrown(&self) -> bool {
-        self.outgrown.is_some()
+        !self.outgrown.is_empty()
     }
 
-    /// What a queue found holding more than the turns allow showed, once.
-    pub(crate) fn outgrown(&mut self) -> Option<Outgrown> {
-        self.outgrown.take()
-    }
-
-    /// Hands every queue back to the consumer queue of `consumer`, records and all; returns
-    /// how many records they held.
-    pub(crate) fn rejoin_all<C: ConsumerContext>(&mut self, consumer: &impl Consumer<C>) -> usize {
+    /// Hands the queues found holding more than the turns allow back to the consumer queue of
+    /// `consumer`, records and all (appended to it in order, so each partition's stay in
+    /// order): their partitions are taken in fetch order from now on, and the consumer queue
+    /// carries them. Returns what each showed, with the records it held when handed back.
+    pub(crate) fn rejoin_outgrown<C: ConsumerContext>(
+        &mut self,
+        consumer: &impl Consumer<C>,
+    ) -> Vec<(Outgrown, usize)> {
+        let outgrown = std::mem::take(&mut self.outgrown);
+        if outgrown.is_empty() {
+            return Vec::new();
+        }
         let rk = consumer.client().native_ptr();
         // SAFETY: `rk` is the live client; the handle is destroyed below, after the forwards
         // took references of their own.
         let Some(main) = NonNull::new(unsafe { rdsys::rd_kafka_queue_get_consumer(rk) }) else {
-            return 0;
+            tracing::error!(
+                "the consumer queue could not be opened: partitions whose record batches \
+                 outgrew their turn keep their own queues"
+            );
+            return Vec::new();
+        };
+        let mut rejoined = Vec::with_capacity(outgrown.len());
+        for shown in outgrown {
+            let Some(at) = self.queues.iter().position(|q| q.partition() == &shown.tp) else {
+                // Revoked since.
+                continue;
+            };
+            let queue = self.queues.remove(at);
+            if self.next > at {
+                self.next -= 1;
+            }
+            if self.next >= self.queues.len() {
+                self.next = 0;
+            }
+            let held = queue.queued();
+            queue.rejoin(main);
+            rejoined.push((shown, held));
+        }
+        // SAFETY: made above, destroyed once.
+        unsafe { rdsys::rd_kafka_queue_destroy(main.as_ptr()) };
+        rejoined
+    }
+
+    /// Hands every queue back to the consumer queue of `consumer`, records and all; returns
+    /// the partitions, and how many records their queues held.
+    pub(crate) fn rejoin_all<C: ConsumerContext>(
+        &mut self,
+        consumer: &impl Consumer<C>,
+    ) -> (Vec<TopicPartition>, usize) {
+        self.outgrown.clear();
+        let rk = consumer.client().native_ptr();
+        // SAFETY: `rk` is the live client; the handle is destroyed below, after the forwards
+        // took references of their own.
+        let Some(main) = NonNull::new(unsafe { rdsys::rd_kafka_queue_get_consumer(rk) }) else {
+            return (Vec::new(), 0);
         };
         let mut held = 0;
+        let mut partitions = Vec::with_capacity(self.queues.len());
         for queue in self.queues.drain(..) {
             held += queue.queued();
+            partitions.push(queue.partition().clone());
             queue.rejoin(main);
         }
         self.next = 0;
         // SAFETY: made above, destroyed once.
         unsafe { rdsys::rd_kafka_queue_destroy(main.as_ptr()) };
-        held
+        (partitions, held)
+    }
+
+    /// The consumer queue carries `partitions` assigned partitions (in fetch order).
+    pub(crate) fn set_carried(&mut self, partitions: usize) {
+        self.main.carried = partitions;
+        if partitions == 0 {
+            self.main.idle();
+        }
+    }
+
+    /// Whether the consumer queue's turn has come: the partitions it carries are owed a round
+    /// of records beside the partition queues'.
+    pub(crate) fn main_due(&self) -> bool {
+        self.main.due(self.queues.len())
+    }
+
+    /// The consumer queue was polled on its turn: `gave` whether it had something.
+    pub(crate) fn main_polled(&mut self, gave: bool) {
+        if gave {
+            self.main.served(self.queues.len());
+        } else {
+            self.main.idle();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MainTurns, caught_up};
+
+    #[test]
+    fn a_partition_is_caught_up_only_when_nothing_lies_past_what_was_handed_over() {
+        // No fetch response yet.
+        assert!(!caught_up(-1001, -1001, Some(10)));
+        assert!(caught_up(0, 10, Some(10)));
+        assert!(!caught_up(0, 11, Some(10)));
+        // Nothing handed over: only a log without records.
+        assert!(caught_up(-1001, 0, None));
+        assert!(caught_up(7, 7, None));
+        assert!(!caught_up(0, 7, None));
+        assert!(!caught_up(-1001, 7, None));
+    }
+
+    /// Takes `records` in turns from `queues` backlogged partition queues and a backlogged
+    /// consumer queue carrying `carried` partitions; returns how many came from the consumer
+    /// queue.
+    fn from_main(queues: usize, carried: usize, records: usize) -> usize {
+        let mut main = MainTurns { carried, owed: 0 };
+        let mut taken = 0;
+        for _ in 0..records {
+            if main.due(queues) {
+                main.served(queues);
+                taken += 1;
+            } else {
+                main.queue_served(queues);
+            }
+        }
+        taken
+    }
+
+    #[test]
+    fn the_consumer_queue_gets_a_turn_for_each_partition_it_carries() {
+        // 23 partitions in fetch order, one in turn: 23 of every 24 records.
+        assert_eq!(from_main(1, 23, 24_000), 23_000);
+        // 3 in fetch order, 21 in turn: 3 of every 24.
+        assert_eq!(from_main(21, 3, 24_000), 3_000);
+        assert_eq!(from_main(12, 12, 24_000), 12_000);
+    }
+
+    #[test]
+    fn a_consumer_queue_carrying_nothing_is_never_due() {
+        assert_eq!(from_main(4, 0, 1_000), 0);
+    }
+
+    #[test]
+    fn an_idle_consumer_queue_banks_no_turns() {
+        let mut main = MainTurns {
+            carried: 5,
+            owed: 0,
+        };
+        for _ in 0..1_000 {
+            main.queue_served(2);
+        }
+        // At most two rounds are owed, however long the partition queues gave alone.
+        assert!(main.owed <= 2 * 2 * 5, "{main:?}");
+        main.idle();
+        assert!(!main.due(2));
     }
 }

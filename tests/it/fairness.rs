@@ -172,7 +172,11 @@ const MANY: i32 = 24;
 /// `each` events for each of the `MANY` partitions, produced with `batch.size` set to
 /// `batch_bytes` (the Java producer's default is 16 KiB, librdkafka's 1,000,000).
 async fn produce_in_batches_of(app: &TestApp, each: usize, prefix: &str, batch_bytes: usize) {
-    let records = events_in_each(MANY, 0, each, prefix);
+    produce_batched(app, events_in_each(MANY, 0, each, prefix), batch_bytes).await;
+}
+
+/// `records`, produced with `batch.size` set to `batch_bytes`.
+async fn produce_batched(app: &TestApp, records: Vec<PlannedRecord>, batch_bytes: usize) {
     let (brokers, topic) = (app.brokers.clone(), app.topic.clone());
     tokio::task::spawn_blocking(move || {
         let batch = batch_bytes.to_string();
@@ -180,7 +184,9 @@ async fn produce_in_batches_of(app: &TestApp, each: usize, prefix: &str, batch_b
             &brokers,
             &topic,
             &records,
-            &[("batch.size", batch.as_str())],
+            // Batches cut by their size, not by a linger while the records are handed over: a
+            // partition's batches are as large as `batch_bytes` lets them be.
+            &[("batch.size", batch.as_str()), ("linger.ms", "1000")],
         )
     })
     .await
@@ -394,4 +400,128 @@ async fn partitions_assigned_after_the_turns_ended_are_taken_in_fetch_order() {
         Some(0.0)
     );
     assert_eq!(first.stop(), Some(0), "{}", first.logs());
+}
+
+/// Rows written per partition until `more` rows beyond `before` are.
+async fn rows_until(app: &TestApp, before: &BTreeMap<i32, i64>, more: i64) -> BTreeMap<i32, i64> {
+    let written = |counts: &BTreeMap<i32, i64>| counts.values().sum::<i64>();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let counts = rows_per_partition(app, MANY).await;
+        if written(&counts) >= written(before) + more {
+            return counts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{more} more rows not written in 120 s: {counts:?}\n{}",
+            app.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// When megabyte batches end the turns, the partitions caught up with their log are taken in
+/// turn again (within a second, in queues of their own): a quiet partition's new event is taken
+/// in its turn, not behind the others' backlog in fetch order (where it waited for nearly the
+/// whole backlog: 263,200 rows of 276,000 in one run). Given backlogs of small batches
+/// afterwards, they keep their turns, and the partitions in fetch order keep theirs: the
+/// consumer queue takes a turn for each partition it carries (0.51 of the rows for 12 of 24
+/// partitions in one run; polled only for rebalances and when the partition queues ran dry,
+/// it got 0.14).
+#[actix_rt::test]
+async fn partitions_caught_up_when_the_turns_end_are_taken_in_turn_again() {
+    const EACH: usize = 12_000;
+    // Partitions 0–11 backlogged with megabyte batches, 12–23 quiet.
+    const QUIET: i32 = MANY / 2;
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = MANY;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+    })
+    .await;
+    let backlog: Vec<PlannedRecord> = events_in_each(MANY, 0, EACH, "backlog")
+        .into_iter()
+        .filter(|record| record.partition < Some(QUIET))
+        .collect();
+    produce_batched(&app, backlog, 1_000_000).await;
+    app.db.slow_each_write(0.05).await;
+    app.start();
+    app.wait_for_log(
+        &["partitions no longer take turns"],
+        Duration::from_secs(60),
+    )
+    .await;
+    // The quiet partitions, and they alone, are taken in turn again.
+    app.wait_for_metrics(Duration::from_secs(10), |m| {
+        m.get("history_partitions_in_fetch_order") == Some(QUIET as f64)
+            && m.get("history_partitions_in_turn") == Some(0.0)
+    })
+    .await;
+
+    // A new event on the last quiet partition.
+    let quiet = events_in_each(MANY, 0, 1, "quiet")
+        .into_iter()
+        .filter(|record| record.partition == Some(MANY - 1))
+        .collect::<Vec<_>>();
+    let before = app.db.count("history_events").await;
+    app.produce(&quiet).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rows_per_partition(&app, MANY).await[&(MANY - 1)] == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the quiet partition's event was not written in 120 s:\n{}",
+            app.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let between = app.db.count("history_events").await - before;
+    let total = QUIET as i64 * EACH as i64;
+    eprintln!("the quiet partition's event was written after {between} rows of the backlog");
+    assert!(
+        between < 10_000,
+        "{between} rows of the backlog were written before the quiet partition's event"
+    );
+
+    // Then backlogs of small batches on them: their turns against the partitions in fetch
+    // order.
+    const SMALL: usize = 4_000;
+    let small = events_in_each(MANY, 1, SMALL + 1, "small")
+        .into_iter()
+        .filter(|record| record.partition >= Some(QUIET))
+        .collect::<Vec<_>>();
+    produce_batched(&app, small, 16 << 10).await;
+    let in_turn_rows =
+        |counts: &BTreeMap<i32, i64>| -> i64 { counts.range(QUIET..).map(|(_, rows)| rows).sum() };
+    let started = rows_per_partition(&app, MANY).await;
+    let mut moving = started.clone();
+    while in_turn_rows(&moving) < in_turn_rows(&started) + 500 {
+        moving = rows_until(&app, &moving, 100).await;
+    }
+    let after = rows_until(&app, &moving, 4_800).await;
+    let rows = (after.values().sum::<i64>() - moving.values().sum::<i64>()) as f64;
+    let in_turn = (in_turn_rows(&after) - in_turn_rows(&moving)) as f64 / rows;
+    let in_fetch_order = 1.0 - in_turn;
+    // Twelve partitions each side: half the rows each, fairly.
+    let fair = QUIET as f64 / MANY as f64;
+    eprintln!(
+        "of {rows} rows: the partitions in turn {in_turn:.3}, those in fetch order \
+         {in_fetch_order:.3} (fair {fair:.3} each side)"
+    );
+    assert!(
+        after.range(QUIET..).all(|(_, &rows)| rows < SMALL as i64)
+            && after.values().sum::<i64>() < total,
+        "a backlog ran out: the test proves nothing: {after:?}"
+    );
+    assert!(
+        in_turn >= fair / 2.0 && in_fetch_order >= fair / 2.0,
+        "the partitions in turn wrote {in_turn:.3} of {rows} rows, those in fetch order \
+         {in_fetch_order:.3}: each side at least half its fair share ({fair:.3})"
+    );
+    // (Partitions whose backlog the service holds whole are caught up too, and taken in turn
+    // again: the gauge may be lower.)
+    let logs = app.logs();
+    assert!(
+        !logs.contains("taken in fetch order for good"),
+        "the partitions of small batches kept their queues:\n{logs}"
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
