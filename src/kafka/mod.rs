@@ -342,6 +342,7 @@ pub fn item_stream(
         split: SplitQueues::default(),
         carried: Vec::new(),
         outgrown_once: Vec::new(),
+        watermarks: WatermarkQueries::default(),
         rejoined: Vec::new(),
         consumer,
         intake,
@@ -406,6 +407,9 @@ struct Polling {
     carried: Vec<TopicPartition>,
     /// The partitions that showed a batch larger than their turn: in fetch order for good.
     outgrown_once: Vec<TopicPartition>,
+    /// The watermarks asked of the brokers for partitions in fetch order the client has not
+    /// fetched since the turns ended.
+    watermarks: WatermarkQueries,
     /// The partitions given back to the consumer queue in this turn, not yet reported.
     rejoined: Vec<(split_queues::Outgrown, usize)>,
     consumer: Arc<HistoryConsumer>,
@@ -557,29 +561,42 @@ impl Polling {
         self.turn_again();
     }
 
-    /// After the turns ended, the partitions in fetch order that are caught up with their log
-    /// (their high watermark, as the client last saw it, is what was handed over) get a queue
-    /// of their own again: a quiet partition's new event is then taken in its turn, not after
-    /// the backlog of the others' fetched batches. None of its records is in the consumer queue
-    /// but those of a fetch under way: the partition is paused (which makes what the client
-    /// queued of it stale, dropped unread, and sets its next fetch at what was handed over),
-    /// split off, and resumed — under the fetching decisions' lock, so a pause of the budget or
-    /// of its window is neither undone nor missed. A partition that showed a batch larger than
-    /// its turn stays in fetch order.
+    /// After the turns ended, the partitions in fetch order whose logs hold no more records
+    /// past what was handed over than fit a turn (their high watermark as the client last saw
+    /// it, or as a broker told it: [`WatermarkQueries`]) get a queue of their own again: a
+    /// quiet partition's new event is then taken in its turn, not after the backlog of the
+    /// others' fetched batches. Such a partition is paused (which makes what the client queued
+    /// of it stale, dropped unread, and sets its next fetch at what was handed over: no record
+    /// of it can be taken out of order), split off, and resumed — under the fetching decisions'
+    /// lock, so a pause of the budget or of its window is neither undone nor missed. A
+    /// partition that showed a batch larger than its turn stays in fetch order.
     fn turn_again(&mut self) {
         if !self.consumer.context().turns_ended() {
             return;
         }
-        let candidates: Vec<(TopicPartition, i64, i64)> = self
+        let Some(turns) = self.consumer.context().planned_turns().copied() else {
+            return;
+        };
+        self.watermarks.answered();
+        let mut ask = Vec::new();
+        let mut candidates: Vec<(TopicPartition, i64, i64)> = Vec::new();
+        for tp in self
             .carried
             .iter()
             .filter(|tp| !self.outgrown_once.contains(tp))
-            .filter_map(|tp| {
-                let (low, high) = split_queues::watermarks(self.consumer.as_ref(), tp)?;
-                split_queues::caught_up(low, high, self.handed.next(tp))
-                    .then(|| (tp.clone(), low, high))
-            })
-            .collect();
+        {
+            let cached =
+                split_queues::watermarks(self.consumer.as_ref(), tp).filter(|&(_, high)| high >= 0);
+            let Some((low, high)) = cached.or_else(|| self.watermarks.answer(tp)) else {
+                ask.push(tp.clone());
+                continue;
+            };
+            let behind = split_queues::not_handed_over(low, high, self.handed.next(tp));
+            if behind.is_some_and(|behind| self.split.fits_a_turn(behind, &turns)) {
+                candidates.push((tp.clone(), low, high));
+            }
+        }
+        self.watermarks.ask(&self.consumer, ask);
         for (tp, low, high) in candidates {
             let consumer = self.consumer.clone();
             let wake = self.split.wake();
@@ -608,7 +625,7 @@ impl Polling {
                     low,
                     high,
                     handed_next = ?self.handed.next(&tp),
-                    "a partition caught up with its log is taken in turn again"
+                    "a partition with no more records to read than fit its turn is taken in turn again"
                 );
                 self.split.insert(queue);
                 self.carried.retain(|carried| carried != &tp);
@@ -696,10 +713,96 @@ impl Polling {
                     self.handed.forget(tp);
                     self.split.remove(tp);
                     self.carried.retain(|carried| carried != tp);
+                    self.watermarks.forget(tp);
                 }
             }
         }
         self.carried_changed();
+    }
+}
+
+/// How long a broker is given to tell a partition's watermarks.
+const WATERMARK_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Watermarks asked of the brokers, off the record stream: a partition in fetch order is not
+/// fetched while the consumer queue holds the others' backlog, so the client may not know its
+/// high watermark (a quiet partition whose first fetch had not come back when the turns
+/// ended). Each partition is asked once per assignment; a thread asks them in turn, each with
+/// [`WATERMARK_QUERY_TIMEOUT`], holding the client only during a query.
+struct WatermarkQueries {
+    asked: Vec<TopicPartition>,
+    known: Vec<(TopicPartition, i64, i64)>,
+    answers: std::sync::mpsc::Receiver<(TopicPartition, i64, i64)>,
+    answer_to: std::sync::mpsc::Sender<(TopicPartition, i64, i64)>,
+}
+
+impl Default for WatermarkQueries {
+    fn default() -> Self {
+        let (answer_to, answers) = std::sync::mpsc::channel();
+        WatermarkQueries {
+            asked: Vec::new(),
+            known: Vec::new(),
+            answers,
+            answer_to,
+        }
+    }
+}
+
+impl WatermarkQueries {
+    /// Takes in the answers that came.
+    fn answered(&mut self) {
+        while let Ok(answer) = self.answers.try_recv() {
+            self.known.retain(|(tp, _, _)| tp != &answer.0);
+            self.known.push(answer);
+        }
+    }
+
+    /// The low and high watermarks a broker told for `tp`.
+    fn answer(&self, tp: &TopicPartition) -> Option<(i64, i64)> {
+        self.known
+            .iter()
+            .find(|(known, _, _)| known == tp)
+            .map(|&(_, low, high)| (low, high))
+    }
+
+    /// Asks the brokers for the partitions of `partitions` not asked yet.
+    fn ask(&mut self, consumer: &Arc<HistoryConsumer>, mut partitions: Vec<TopicPartition>) {
+        partitions.retain(|tp| !self.asked.contains(tp));
+        if partitions.is_empty() {
+            return;
+        }
+        self.asked.extend(partitions.iter().cloned());
+        let consumer = Arc::downgrade(consumer);
+        let answer_to = self.answer_to.clone();
+        let asking = std::thread::Builder::new()
+            .name("watermarks".into())
+            .spawn(move || {
+                for tp in partitions {
+                    let Some(consumer) = consumer.upgrade() else {
+                        return;
+                    };
+                    match consumer.fetch_watermarks(&tp.topic, tp.partition, WATERMARK_QUERY_TIMEOUT)
+                    {
+                        Ok((low, high)) => {
+                            if answer_to.send((tp, low, high)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(err) => {
+                            tracing::debug!(%tp, error = %err, "the partition's watermarks could not be asked");
+                        }
+                    }
+                }
+            });
+        if let Err(err) = asking {
+            tracing::warn!(error = %err, "the partitions' watermarks could not be asked");
+        }
+    }
+
+    /// The partition was revoked: what was asked and told of it is forgotten.
+    fn forget(&mut self, tp: &TopicPartition) {
+        self.asked.retain(|asked| asked != tp);
+        self.known.retain(|(known, _, _)| known != tp);
     }
 }
 

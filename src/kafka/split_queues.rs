@@ -253,18 +253,17 @@ pub(crate) fn watermarks<C: ConsumerContext>(
     (err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then_some((low, high))
 }
 
-/// Whether a partition is caught up with its log: its high watermark is known (a fetch
-/// response came) and nothing lies past what was handed over — or, nothing handed over since
-/// it was assigned, the log holds no record at all (a fetch response that brought none is no
-/// proof: a response full with other partitions' batches brings none).
-pub(crate) fn caught_up(low: i64, high: i64, handed_next: Option<i64>) -> bool {
+/// The records of a partition's log not handed over yet: from the offset after the last one
+/// handed over (or, none handed over since its assignment, the log's start) to its high
+/// watermark; `None` where a watermark it needs is not known (-1001). Nothing handed over, the
+/// log's start is where the count begins, not where the group's position is: a partition with
+/// a long history counts it all until a record of it is handed over.
+pub(crate) fn not_handed_over(low: i64, high: i64, handed_next: Option<i64>) -> Option<i64> {
     if high < 0 {
-        return false;
+        return None;
     }
-    match handed_next {
-        Some(next) => next >= high,
-        None => high == 0 || (low >= 0 && low == high),
-    }
+    let from = handed_next.or((low >= 0).then_some(low))?;
+    Some((high - from).max(0))
 }
 
 /// The open partition queues of the current assignment, taken one record at a time in turn,
@@ -418,6 +417,17 @@ impl<K> SplitQueues<K> {
         }
     }
 
+    /// Whether `records` records, at the mean payload taken so far, fit what a partition's queue
+    /// may hold in its turn.
+    pub(crate) fn fits_a_turn(&self, records: i64, turns: &Turns) -> bool {
+        let mean = self
+            .taken
+            .bytes
+            .checked_div(self.taken.records)
+            .unwrap_or(0);
+        records.max(0) as u64 * mean <= turns.most_queued() as u64
+    }
+
     /// What the first queue found holding more than the turns allow showed.
     pub(crate) fn outgrown_first(&self) -> Option<Outgrown> {
         self.outgrown.first().cloned()
@@ -524,19 +534,20 @@ impl<K> SplitQueues<K> {
 
 #[cfg(test)]
 mod tests {
-    use super::{MainTurns, caught_up};
+    use super::{MainTurns, not_handed_over};
 
     #[test]
-    fn a_partition_is_caught_up_only_when_nothing_lies_past_what_was_handed_over() {
+    fn what_is_not_handed_over_counts_from_the_last_record_handed_over_or_the_logs_start() {
         // No fetch response yet.
-        assert!(!caught_up(-1001, -1001, Some(10)));
-        assert!(caught_up(0, 10, Some(10)));
-        assert!(!caught_up(0, 11, Some(10)));
-        // Nothing handed over: only a log without records.
-        assert!(caught_up(-1001, 0, None));
-        assert!(caught_up(7, 7, None));
-        assert!(!caught_up(0, 7, None));
-        assert!(!caught_up(-1001, 7, None));
+        assert_eq!(not_handed_over(-1001, -1001, Some(10)), None);
+        assert_eq!(not_handed_over(0, 10, Some(10)), Some(0));
+        assert_eq!(not_handed_over(0, 12, Some(10)), Some(2));
+        // A log that moved back below what was handed over.
+        assert_eq!(not_handed_over(0, 8, Some(10)), Some(0));
+        // Nothing handed over: the log's start, where it is known.
+        assert_eq!(not_handed_over(7, 7, None), Some(0));
+        assert_eq!(not_handed_over(0, 7, None), Some(7));
+        assert_eq!(not_handed_over(-1001, 7, None), None);
     }
 
     /// Takes `records` in turns from `queues` backlogged partition queues and a backlogged

@@ -26,6 +26,9 @@ fn url_of(config: &tokio_postgres::Config, settings: &Settings) -> String {
     url.to_string()
 }
 
+/// Where the service's log of a run is written, if set (each phase's service overwrites it).
+pub const SERVICE_LOG_ENV: &str = "HISTORY_BENCH_SERVICE_LOG";
+
 /// A `history-service run` child process serving its endpoints on a socket the benchmark bound,
 /// so its /metrics is known from the start.
 pub(super) struct ServiceChild {
@@ -46,15 +49,17 @@ impl ServiceChild {
             |err: std::io::Error| DevError::Bench(format!("cannot start the service: {err}"));
         let listener = local_listener().map_err(cannot_start)?;
         let metrics_port = listener.local_addr().map_err(cannot_start)?.port();
-        let process = Process::command(service_binary()?)
+        let mut command = Process::command(service_binary()?)
             .arg("run")
             .envs(&service_env(
                 settings, options, brokers, database, group, topic,
             ))
-            .env_remove("HISTORY_CONFIG")
-            .hand_over(listener)
-            .spawn()
-            .map_err(cannot_start)?;
+            .env_remove("HISTORY_CONFIG");
+        // The service's log, for reading what it did in a run (its WARNs, the turns).
+        if let Some(path) = std::env::var_os(SERVICE_LOG_ENV) {
+            command = command.log_file(path);
+        }
+        let process = command.hand_over(listener).spawn().map_err(cannot_start)?;
         Ok(ServiceChild {
             process,
             metrics_port,
