@@ -240,9 +240,9 @@ pub fn register_families() {
     describe_gauge!(
         PARTITIONS_IN_FETCH_ORDER,
         "Assigned partitions taken from the consumer queue in the order they were fetched, \
-         not in turn: after a fetched record batch outgrew a partition's share, those not \
-         caught up with their log (or every assigned partition, when the budget cannot give \
-         each a turn)."
+         not in turn: after a fetched record batch outgrew a partition's share, those with \
+         more records to read than fit a turn (or every assigned partition, when the budget \
+         cannot give each a turn)."
     );
     describe_gauge!(
         FETCH_COMPRESSION_RATIO,

@@ -420,10 +420,11 @@ async fn rows_until(app: &TestApp, before: &BTreeMap<i32, i64>, more: i64) -> BT
     }
 }
 
-/// When megabyte batches end the turns, the partitions caught up with their log are taken in
-/// turn again (within a second, in queues of their own): a quiet partition's new event is taken
-/// in its turn, not behind the others' backlog in fetch order (where it waited for nearly the
-/// whole backlog: 263,200 rows of 276,000 in one run). Given backlogs of small batches
+/// When megabyte batches end the turns, the partitions with no more records to read than fit a
+/// turn (here: none) are taken in turn again (within a second, in queues of their own): a quiet
+/// partition's new event is taken in its turn, not behind the others' backlog in fetch order
+/// (where it waited for nearly the whole backlog: 263,200 rows of 276,000 in a run with 23
+/// backlogged partitions and none taken in turn again). Given backlogs of small batches
 /// afterwards, they keep their turns, and the partitions in fetch order keep theirs: the
 /// consumer queue takes a turn for each partition it carries (0.51 of the rows for 12 of 24
 /// partitions in one run; polled only for rebalances and when the partition queues ran dry,
