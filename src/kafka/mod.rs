@@ -434,12 +434,8 @@ impl Polling {
     /// What the client holds already, without waiting: a partition queue's next record in
     /// turn, or else the consumer queue's next item (whose poll may run rebalance callbacks).
     fn ready(&mut self) -> Option<Taken> {
-        if self.split.main_due() {
-            let received = self.consumer.recv().now_or_never();
-            self.split.main_polled(received.is_some());
-            if let Some(received) = received {
-                return Some(Taken::main(received));
-            }
+        if let Some(taken) = main_turn(&self.consumer, &mut self.split) {
+            return Some(taken);
         }
         if let Some((tp, taken)) = self.split.take(self.consumer.context().planned_turns()) {
             return Some(Taken::Record(tp, taken));
@@ -882,12 +878,8 @@ async fn next_record(
                 }
             }
             // The partitions the consumer queue carries take their turns with the others.
-            if split.main_due() {
-                let received = consumer.recv().now_or_never();
-                split.main_polled(received.is_some());
-                if let Some(received) = received {
-                    return Some(Taken::main(received));
-                }
+            if let Some(taken) = main_turn(consumer, split) {
+                return Some(taken);
             }
             loop {
                 if let Some((tp, taken)) = split.take(consumer.context().planned_turns()) {
@@ -920,6 +912,20 @@ async fn next_record(
         }
         received = consumer.recv() => Some(Taken::main(received)),
     }
+}
+
+/// The consumer queue's next item, when its turn among the partition queues has come (it
+/// carries partitions in fetch order) and it has one; never waits.
+fn main_turn(
+    consumer: &HistoryConsumer,
+    split: &mut SplitQueues<HistoryConsumer>,
+) -> Option<Taken> {
+    if !split.main_due() {
+        return None;
+    }
+    let received = consumer.recv().now_or_never();
+    split.main_polled(received.is_some());
+    received.map(Taken::main)
 }
 
 /// Reuses one `TopicPartition` per partition instead of allocating a topic name per record.
