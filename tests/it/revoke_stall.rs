@@ -19,7 +19,8 @@ use history_devkit::workload::{PlannedRecord, RecordKind, event_payload};
 use crate::stuck_events::reject_ticket_poison;
 
 const PARTITIONS: i32 = 6;
-const PER_PARTITION: usize = 8_000;
+/// Enough that the kept partitions still have records to write through a slow join round.
+const PER_PARTITION: usize = 12_000;
 /// Where in each partition the event the database rejects is.
 const POISON_AT: usize = 300;
 /// Far beyond how long the newcomer is waited for: a revoke that waits for the rejected event
@@ -240,8 +241,28 @@ async fn revoke_with_a_rejected_event(protocol: &str) {
         revoked_at,
         &all,
     );
-    // The rebalance: from the revoke until the newcomer has its partitions, at least a second.
-    let until = assigned_at.max(revoked_at + Duration::from_secs(1));
+    // The rebalance: from the revoke until the newcomer has its partitions, at least a second —
+    // or until the kept partitions' backlog is written out, if sooner: an instance with
+    // nothing left to write is not stalled (on a loaded machine the join round took 6 s and
+    // the kept partitions ran dry in 3.5 s of it, which read as a 2.5 s stall).
+    let drained_at = samples
+        .iter()
+        .find(|(t, rows)| {
+            *t > revoked_at
+                && kept
+                    .iter()
+                    .all(|p| rows.get(p).copied().unwrap_or(0) == PER_PARTITION as i64)
+        })
+        .map(|(t, _)| *t);
+    let until = assigned_at
+        .max(revoked_at + Duration::from_secs(1))
+        .min(drained_at.unwrap_or(assigned_at + Duration::from_secs(2)));
+    assert!(
+        until - revoked_at >= Duration::from_secs(1),
+        "the kept partitions {kept:?} wrote out their backlog {:?} after the revoke: too soon to \
+         see whether the rebalance stalls them (raise PER_PARTITION)\n{first_logs}",
+        until - revoked_at
+    );
     let during = rate(&samples, revoked_at, until, &kept);
     // The instance's own writes: every partition before the revoke, the kept ones after it.
     let ours = |t: Instant| if t < revoked_at { &all[..] } else { &kept[..] };
