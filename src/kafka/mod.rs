@@ -23,6 +23,7 @@ pub(crate) mod reset_watch;
 pub(crate) mod split_queues;
 pub(crate) mod tail;
 pub(crate) mod topic_watch;
+pub(crate) mod watermark_queries;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,6 +43,7 @@ use crate::domain::{Record, TopicPartition};
 use intake::Intake;
 use passed_over::HandedOver;
 use split_queues::{SplitQueue, SplitQueues};
+use watermark_queries::WatermarkQueries;
 
 /// The consumer could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -559,7 +561,7 @@ impl Polling {
 
     /// After the turns ended, the partitions in fetch order whose logs hold no more records
     /// past what was handed over than fit a turn (their high watermark as the client last saw
-    /// it, or as a broker told it: [`WatermarkQueries`]) get a queue of their own again: a
+    /// it, or as a broker told it: [`watermark_queries`]) get a queue of their own again: a
     /// quiet partition's new event is then taken in its turn, not after the backlog of the
     /// others' fetched batches. Such a partition is paused (which makes what the client queued
     /// of it stale, dropped unread, and sets its next fetch at what was handed over: no record
@@ -714,91 +716,6 @@ impl Polling {
             }
         }
         self.carried_changed();
-    }
-}
-
-/// How long a broker is given to tell a partition's watermarks.
-const WATERMARK_QUERY_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Watermarks asked of the brokers, off the record stream: a partition in fetch order is not
-/// fetched while the consumer queue holds the others' backlog, so the client may not know its
-/// high watermark (a quiet partition whose first fetch had not come back when the turns
-/// ended). Each partition is asked once per assignment; a thread asks them in turn, each with
-/// [`WATERMARK_QUERY_TIMEOUT`], holding the client only during a query.
-struct WatermarkQueries {
-    asked: Vec<TopicPartition>,
-    known: Vec<(TopicPartition, i64, i64)>,
-    answers: std::sync::mpsc::Receiver<(TopicPartition, i64, i64)>,
-    answer_to: std::sync::mpsc::Sender<(TopicPartition, i64, i64)>,
-}
-
-impl Default for WatermarkQueries {
-    fn default() -> Self {
-        let (answer_to, answers) = std::sync::mpsc::channel();
-        WatermarkQueries {
-            asked: Vec::new(),
-            known: Vec::new(),
-            answers,
-            answer_to,
-        }
-    }
-}
-
-impl WatermarkQueries {
-    /// Takes in the answers that came.
-    fn answered(&mut self) {
-        while let Ok(answer) = self.answers.try_recv() {
-            self.known.retain(|(tp, _, _)| tp != &answer.0);
-            self.known.push(answer);
-        }
-    }
-
-    /// The low and high watermarks a broker told for `tp`.
-    fn answer(&self, tp: &TopicPartition) -> Option<(i64, i64)> {
-        self.known
-            .iter()
-            .find(|(known, _, _)| known == tp)
-            .map(|&(_, low, high)| (low, high))
-    }
-
-    /// Asks the brokers for the partitions of `partitions` not asked yet.
-    fn ask(&mut self, consumer: &Arc<HistoryConsumer>, mut partitions: Vec<TopicPartition>) {
-        partitions.retain(|tp| !self.asked.contains(tp));
-        if partitions.is_empty() {
-            return;
-        }
-        self.asked.extend(partitions.iter().cloned());
-        let consumer = Arc::downgrade(consumer);
-        let answer_to = self.answer_to.clone();
-        let asking = std::thread::Builder::new()
-            .name("watermarks".into())
-            .spawn(move || {
-                for tp in partitions {
-                    let Some(consumer) = consumer.upgrade() else {
-                        return;
-                    };
-                    match consumer.fetch_watermarks(&tp.topic, tp.partition, WATERMARK_QUERY_TIMEOUT)
-                    {
-                        Ok((low, high)) => {
-                            if answer_to.send((tp, low, high)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(err) => {
-                            tracing::debug!(%tp, error = %err, "the partition's watermarks could not be asked");
-                        }
-                    }
-                }
-            });
-        if let Err(err) = asking {
-            tracing::warn!(error = %err, "the partitions' watermarks could not be asked");
-        }
-    }
-
-    /// The partition was revoked: what was asked and told of it is forgotten.
-    fn forget(&mut self, tp: &TopicPartition) {
-        self.asked.retain(|asked| asked != tp);
-        self.known.retain(|(known, _, _)| known != tp);
     }
 }
 
