@@ -24,6 +24,7 @@
 use std::ffi::CString;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{Consumer, ConsumerContext};
@@ -92,13 +93,25 @@ pub(crate) type Fetched = Result<Record, (KafkaError, String)>;
 pub(crate) struct SplitQueue<K> {
     tp: TopicPartition,
     queue: NonNull<rdsys::rd_kafka_queue_t>,
-    /// Woken by librdkafka when the queue goes from empty to not empty; the pointer given to
-    /// librdkafka is this `Notify`'s, kept alive by this handle until the callback is off.
-    wake: Arc<Notify>,
+    /// Set by librdkafka when the queue goes from empty to not empty; the pointer given to
+    /// librdkafka is this `Signal`'s, kept alive by this handle until the callback is off.
+    signal: Arc<Signal>,
     /// Records taken until the queue's length is looked at again.
     until_check: u32,
     /// The client the queue belongs to: declared last, dropped after the queue.
     _client: Arc<K>,
+}
+
+/// What librdkafka's callback touches when a partition queue goes from empty to not empty.
+struct Signal {
+    /// Whether the queue may hold records: cleared before a poll, set when a poll took one or
+    /// the queue had one put in since. A queue found empty is not polled again until then —
+    /// the partitions taken in turn again after the turns ended are mostly empty, and polling
+    /// each for every record taken from the consumer queue cost a fifth of the service's CPU
+    /// (a lock and a clock read each, for every queue).
+    ready: AtomicBool,
+    /// The record stream's wake.
+    wake: Arc<Notify>,
 }
 
 // SAFETY: librdkafka's queues may be polled and destroyed from any thread; this handle is the
@@ -118,9 +131,14 @@ impl<K> SplitQueue<K> {
     {
         let topic = CString::new(&*tp.topic).ok()?;
         let rk = consumer.client().native_ptr();
+        // Ready at first: the queue may hold records already, which no callback announces.
+        let signal = Arc::new(Signal {
+            ready: AtomicBool::new(true),
+            wake,
+        });
         // SAFETY: `rk` is alive while `consumer` is, which the handle keeps; the queue is
         // destroyed in `drop`, after the callback is turned off. The callback's opaque pointer
-        // is `wake`'s, which the handle keeps alive.
+        // is the signal's, which the handle keeps alive.
         unsafe {
             let queue = NonNull::new(rdsys::rd_kafka_queue_get_partition(
                 rk,
@@ -131,12 +149,12 @@ impl<K> SplitQueue<K> {
             rdsys::rd_kafka_queue_cb_event_enable(
                 queue.as_ptr(),
                 Some(wake_up),
-                Arc::as_ptr(&wake) as *mut std::ffi::c_void,
+                Arc::as_ptr(&signal) as *mut std::ffi::c_void,
             );
             Some(SplitQueue {
                 tp,
                 queue,
-                wake,
+                signal,
                 until_check: 0,
                 _client: consumer,
             })
@@ -163,15 +181,26 @@ impl<K> SplitQueue<K> {
     }
 
     /// The next record (or error, with librdkafka's description of it) of the partition, if
-    /// one was fetched; never waits.
+    /// one was fetched; never waits, and does not poll a queue found empty until librdkafka
+    /// says it holds something again.
     pub(crate) fn take(&mut self) -> Option<Fetched> {
+        // Cleared before the poll: a record put in after the poll found none sets it again
+        // (librdkafka calls back under the queue's lock, after the poll released it).
+        if !self.signal.ready.swap(false, Ordering::AcqRel) {
+            return None;
+        }
         // SAFETY: the queue is alive until `self` drops; the message is destroyed after its
         // fields were copied.
         unsafe {
             let message = rdsys::rd_kafka_consume_queue(self.queue.as_ptr(), 0);
             if message.is_null() {
+                // Empty, unless the poll was cut short (a callback yielded) with records left.
+                if rdsys::rd_kafka_last_error() != RDKafkaRespErr::RD_KAFKA_RESP_ERR__TIMED_OUT {
+                    self.signal.ready.store(true, Ordering::Release);
+                }
                 return None;
             }
+            self.signal.ready.store(true, Ordering::Release);
             let taken = record_of_native(&*message);
             rdsys::rd_kafka_message_destroy(message);
             Some(taken)
@@ -187,16 +216,17 @@ impl<K> Drop for SplitQueue<K> {
             rdsys::rd_kafka_queue_cb_event_enable(self.queue.as_ptr(), None, std::ptr::null_mut());
             rdsys::rd_kafka_queue_destroy(self.queue.as_ptr());
         }
-        // `wake` may be dropped now: librdkafka holds no pointer to it any more.
-        let _ = &self.wake;
+        // The signal may be dropped now: librdkafka holds no pointer to it any more.
+        let _ = &self.signal;
     }
 }
 
 unsafe extern "C" fn wake_up(_: *mut rdsys::rd_kafka_t, opaque: *mut std::ffi::c_void) {
-    // SAFETY: the opaque pointer is a `Notify` its queue's handle keeps alive while the
+    // SAFETY: the opaque pointer is a `Signal` its queue's handle keeps alive while the
     // callback is on.
-    let wake = unsafe { &*(opaque as *const Notify) };
-    wake.notify_one();
+    let signal = unsafe { &*(opaque as *const Signal) };
+    signal.ready.store(true, Ordering::Release);
+    signal.wake.notify_one();
 }
 
 /// The service's copy of a message taken from a partition queue, or the error it carries (as

@@ -26,7 +26,8 @@ fn url_of(config: &tokio_postgres::Config, settings: &Settings) -> String {
     url.to_string()
 }
 
-/// Where the service's log of a run is written, if set (each phase's service overwrites it).
+/// Where the service's logs of a run are written, if set: each phase's service to this path
+/// with its group appended (`PATH.bench-latency-…`).
 pub const SERVICE_LOG_ENV: &str = "HISTORY_BENCH_SERVICE_LOG";
 
 /// A `history-service run` child process serving its endpoints on a socket the benchmark bound,
@@ -57,6 +58,8 @@ impl ServiceChild {
             .env_remove("HISTORY_CONFIG");
         // The service's log, for reading what it did in a run (its WARNs, the turns).
         if let Some(path) = std::env::var_os(SERVICE_LOG_ENV) {
+            let mut path = path;
+            path.push(format!(".{group}"));
             command = command.log_file(path);
         }
         let process = command.hand_over(listener).spawn().map_err(cannot_start)?;
