@@ -147,7 +147,6 @@ impl WatermarkQueries {
         }
         let consumer = Arc::downgrade(consumer);
         let answer_to = self.answer_to.clone();
-        let failed_to = self.answer_to.clone();
         let asked = partitions.clone();
         let asking = std::thread::Builder::new()
             .name("watermarks".into())
@@ -174,8 +173,9 @@ impl WatermarkQueries {
             });
         if let Err(err) = asking {
             tracing::warn!(error = %err, "the partitions' watermarks could not be asked; asked again later");
+            let now = Instant::now();
             for tp in asked {
-                let _ = failed_to.send((tp, None));
+                self.queries.answered(tp, None, now);
             }
         }
     }
