@@ -107,6 +107,15 @@ impl Turns {
         (queued_bytes > self.most_queued()).then(|| queued_bytes - self.queue_each)
     }
 
+    /// How many partitions may have queues of their own again after the turns ended with a
+    /// batch of `batch` bytes: each such queue may be sent a batch as large before it is looked
+    /// at (it is handed back to the consumer queue when its first record is taken, which waits
+    /// while the budget is full), so it holds its share of the queue and that batch, and the
+    /// client's part of the budget holds this many of them.
+    pub fn taken_again_at_most(&self, batch: usize) -> usize {
+        (self.share_each * self.partitions) / (self.queue_each + batch).max(1)
+    }
+
     /// The budget with which every partition's share holds two batches of `batch` bytes (the
     /// client's part grows with the budget).
     pub fn budget_for(&self, batch: usize) -> usize {
@@ -183,6 +192,28 @@ mod tests {
         // One partition: its share leaves more than librdkafka's default part.
         let one = Turns::plan(BUDGET, CLIENT, QUEUE, 1, 1).unwrap();
         assert_eq!(one.fetch(fetch), fetch);
+    }
+
+    #[test]
+    fn the_partitions_taken_in_turn_again_hold_their_batches_within_the_clients_part() {
+        for partitions in [4, 24, 48, 96] {
+            let many = turns(partitions).unwrap();
+            for batch in [16 << 10, 1_000_000, 4 << 20] {
+                let most = many.taken_again_at_most(batch);
+                let held = most * (many.queue_each + batch);
+                assert!(held <= CLIENT, "{partitions} × {batch}: {most} hold {held}");
+                let one_more = (most + 1) * (many.queue_each + batch);
+                assert!(
+                    one_more > many.share_each * partitions,
+                    "{partitions} × {batch}: room for {}",
+                    most + 1
+                );
+            }
+        }
+        // At the defaults, twelve of 24 partitions may be sent a megabyte batch each.
+        assert!(turns(24).unwrap().taken_again_at_most(1_000_000) >= 12);
+        // A batch larger than the client's part: none.
+        assert_eq!(turns(24).unwrap().taken_again_at_most(CLIENT), 0);
     }
 
     #[test]

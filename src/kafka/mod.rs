@@ -344,6 +344,7 @@ pub fn item_stream(
         split: SplitQueues::default(),
         carried: Vec::new(),
         outgrown_once: Vec::new(),
+        largest_batch: 0,
         watermarks: WatermarkQueries::default(),
         rejoined: Vec::new(),
         consumer,
@@ -409,6 +410,9 @@ struct Polling {
     carried: Vec<TopicPartition>,
     /// The partitions that showed a batch larger than their turn: in fetch order for good.
     outgrown_once: Vec<TopicPartition>,
+    /// The largest record batch a queue showed (the one that ended the turns, or one shown
+    /// since): what each partition taken in turn again may be sent before it is looked at.
+    largest_batch: usize,
     /// The watermarks asked of the brokers for partitions in fetch order the client has not
     /// fetched since the turns ended.
     watermarks: WatermarkQueries,
@@ -500,6 +504,7 @@ impl Polling {
         }
         let rejoined = self.split.rejoin_outgrown(self.consumer.as_ref());
         for (outgrown, _) in &rejoined {
+            self.largest_batch = self.largest_batch.max(outgrown.batch);
             if !self.carried.contains(&outgrown.tp) {
                 self.carried.push(outgrown.tp.clone());
             }
@@ -526,6 +531,7 @@ impl Polling {
         };
         context.end_turns();
         self.outgrown_once.push(outgrown.tp.clone());
+        self.largest_batch = self.largest_batch.max(outgrown.batch);
         let (rejoined, queued_at_end) = self.split.rejoin_all(self.consumer.as_ref());
         for tp in rejoined {
             if !self.carried.contains(&tp) {
@@ -568,6 +574,11 @@ impl Polling {
     /// of it can be taken out of order), split off, and resumed — under the fetching decisions'
     /// lock, so a pause of the budget or of its window is neither undone nor missed. A
     /// partition that showed a batch larger than its turn stays in fetch order.
+    ///
+    /// Each partition taken in turn again may be sent a batch as large as the largest shown
+    /// before its queue is looked at (that waits for the budget to have room), so no more are
+    /// taken than the client's part of the budget holds at that size
+    /// ([`crate::domain::turns::Turns::taken_again_at_most`]): those with the fewest records behind first.
     fn turn_again(&mut self) {
         if !self.consumer.context().turns_ended() {
             return;
@@ -577,7 +588,7 @@ impl Polling {
         };
         self.watermarks.answered();
         let mut ask = Vec::new();
-        let mut candidates: Vec<(TopicPartition, i64, i64)> = Vec::new();
+        let mut candidates: Vec<(TopicPartition, i64, i64, i64)> = Vec::new();
         for tp in self
             .carried
             .iter()
@@ -589,13 +600,31 @@ impl Polling {
                 ask.push(tp.clone());
                 continue;
             };
-            let behind = split_queues::not_handed_over(low, high, self.handed.next(tp));
-            if behind.is_some_and(|behind| self.split.fits_a_turn(behind, &turns)) {
-                candidates.push((tp.clone(), low, high));
+            let Some(behind) = split_queues::not_handed_over(low, high, self.handed.next(tp))
+            else {
+                continue;
+            };
+            if self.split.fits_a_turn(behind, &turns) {
+                candidates.push((tp.clone(), low, high, behind));
             }
         }
         self.watermarks.ask(&self.consumer, ask);
-        for (tp, low, high) in candidates {
+        let room = turns
+            .taken_again_at_most(self.largest_batch)
+            .saturating_sub(self.split.len());
+        if candidates.len() > room {
+            candidates.sort_by_key(|&(_, _, _, behind)| behind);
+            tracing::debug!(
+                caught_up = candidates.len(),
+                room,
+                in_turn = self.split.len(),
+                batch_bytes = self.largest_batch,
+                "more partitions are caught up with their log than the budget holds in turn \
+                 with batches this large: the rest stay in fetch order for now"
+            );
+            candidates.truncate(room);
+        }
+        for (tp, low, high, _) in candidates {
             let consumer = self.consumer.clone();
             let wake = self.split.wake();
             let opened = self.intake.flow(|flow| {

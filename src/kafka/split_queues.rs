@@ -393,6 +393,11 @@ impl<K> SplitQueues<K> {
         self.queues.push(queue);
     }
 
+    /// How many partitions have a queue of their own.
+    pub(crate) fn len(&self) -> usize {
+        self.queues.len()
+    }
+
     /// Drops a partition's queue, if it has one: its records left there are not taken.
     pub(crate) fn remove(&mut self, tp: &TopicPartition) {
         if let Some(at) = self.queues.iter().position(|q| q.partition() == tp) {
