@@ -578,7 +578,8 @@ impl Polling {
     /// Each partition taken in turn again may be sent a batch as large as the largest shown
     /// before its queue is looked at (that waits for the budget to have room), so no more are
     /// taken than the client's part of the budget holds at that size
-    /// ([`crate::domain::turns::Turns::taken_again_at_most`]): those with the fewest records behind first.
+    /// ([`crate::domain::turns::Turns::taken_again_at_most`]): those with the fewest records
+    /// behind first.
     fn turn_again(&mut self) {
         if !self.consumer.context().turns_ended() {
             return;
