@@ -748,9 +748,9 @@ impl Polling {
              each partition's queue would exceed the budget. Records are taken in the order they \
              were fetched; when that would take over 2.5 s to come round to every backlogged \
              partition (a slow database), they take turns for seats: as many fetch at once as \
-             the client's part of the budget holds batches of this size, each for a second \
-             while others wait, paused (what the client fetched of a partition past what was \
-             taken is fetched again at its next turn). Raise \
+             the client's part of the budget holds batches of this size, each for 500 records \
+             or a second while others wait, paused (what the client fetched of a partition \
+             past what was taken is fetched again at its next turn). Raise \
              pipeline.max_in_flight_bytes to the value named for every partition to take turns \
              at once with batches of this size"
         );
