@@ -269,6 +269,23 @@ async fn many_partitions_of_small_batches_take_turns_under_the_default_budget() 
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
+/// The service started on `each` events `prefix-…` in each of the `MANY` partitions, produced
+/// in batches of a megabyte, against a database writing at most 4,000 rows a second (two
+/// writers, a statement of 100 rows each 50 ms at least); the client's heap is read every
+/// 200 ms.
+async fn megabyte_backlog_behind_a_slow_database(each: usize, prefix: &str) -> TestApp {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = MANY;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
+    })
+    .await;
+    produce_in_batches_of(&app, each, prefix, 1_000_000).await;
+    app.db.slow_each_write(0.05).await;
+    app.start();
+    app
+}
+
 /// librdkafka's producers write a backlog in batches of up to a megabyte, and a broker returns
 /// a partition's first batch whole: with one in each of 24 partitions' queues the client would
 /// hold more than its part of the default budget. The first such batch ends the turns: every
@@ -280,16 +297,8 @@ async fn megabyte_batches_end_the_turns_of_many_partitions_and_lose_nothing() {
     // Two batches of a megabyte or so each: the first of all 24 may be fetched before the
     // turns end, and rows are written past them and the budget before the heap is read.
     const EACH: usize = 12_000;
-    let mut app = TestApp::prepare(|o| {
-        o.partitions = MANY;
-        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
-        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
-    })
-    .await;
-    produce_in_batches_of(&app, EACH, "large", 1_000_000).await;
     // Slow enough that the client's queues are full while the heap is read.
-    app.db.slow_each_write(0.05).await;
-    app.start();
+    let mut app = megabyte_backlog_behind_a_slow_database(EACH, "large").await;
     app.wait_for_metrics(Duration::from_secs(60), |m| {
         m.get("history_partitions_in_turn") == Some(0.0)
     })
@@ -519,26 +528,18 @@ async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() 
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
-/// Megabyte batches on 24 partitions: the client's part of the default budget holds a batch
-/// for about half of them, so after the turns end the backlogged partitions take turns for
-/// seats — each fetching for a slice of a second, the others paused — and under a slow
-/// database every partition is written side by side, where fetch order wrote one fetched
-/// batch (some 6,000 records) after another: the 24,000 rows after the rotation began came
-/// from four or five partitions. The client stays within its part of the budget, and every
-/// event is written once.
+/// Megabyte batches on 24 partitions: the client's part of the default budget holds a seated
+/// queue's batches for a few of them, so under a slow database the backlogged partitions take
+/// turns for seats — each fetching for 500 records, the others paused — and every partition is
+/// written side by side, where fetch order wrote one fetched batch (some 5,000 records) after
+/// another: 24,000 rows came from four or five partitions. (With seven seats taken in turns of
+/// half a second rather than of records, two partitions got 576 rows each of 24,100 here.) The
+/// client stays within its part of the budget (seats counted as one batch each: 53.9 MB against
+/// 16.8), and every event is written once.
 #[actix_rt::test]
 async fn backlogged_partitions_of_megabyte_batches_take_turns_for_seats_under_a_slow_database() {
     const EACH: usize = 12_000;
-    let mut app = TestApp::prepare(|o| {
-        o.partitions = MANY;
-        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
-        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
-    })
-    .await;
-    produce_in_batches_of(&app, EACH, "seats", 1_000_000).await;
-    // At most 4,000 rows a second (two writers, a statement of 100 rows each 50 ms at least).
-    app.db.slow_each_write(0.05).await;
-    app.start();
+    let mut app = megabyte_backlog_behind_a_slow_database(EACH, "seats").await;
     app.wait_for_metrics(Duration::from_secs(60), |m| {
         m.get("history_partitions_waiting_turn")
             .is_some_and(|waiting| waiting > 0.0)
