@@ -81,6 +81,8 @@ pub const PARTITIONS_IN_TURN: &str = "history_partitions_in_turn";
 /// Assigned partitions without a queue of their own, taken from the consumer queue in fetch
 /// order.
 pub const PARTITIONS_IN_FETCH_ORDER: &str = "history_partitions_in_fetch_order";
+/// Backlogged partitions paused while others hold the seats of the rotation.
+pub const PARTITIONS_WAITING_TURN: &str = "history_partitions_waiting_turn";
 /// How much the fetched record batches decompressed by, over the last statistics interval.
 pub const FETCH_COMPRESSION_RATIO: &str = "history_fetch_compression_ratio";
 /// `kafka.max_compression_ratio`, the ratio the fetch requests were sized for.
@@ -243,6 +245,13 @@ pub fn register_families() {
          not in turn: after a fetched record batch outgrew a partition's share, those with \
          more records to read than fit a turn (or every assigned partition, when the budget \
          cannot give each a turn)."
+    );
+    describe_gauge!(
+        PARTITIONS_WAITING_TURN,
+        "Backlogged partitions paused until a seat of the rotation is theirs: after a fetched \
+         record batch outgrew a partition's share, at most as many backlogged partitions fetch \
+         at once as the client's part of the budget holds batches of that size, each for a \
+         slice of time."
     );
     describe_gauge!(
         FETCH_COMPRESSION_RATIO,
@@ -583,6 +592,11 @@ pub fn set_partitions_in_turn(in_turn: bool) {
 /// How many assigned partitions are taken in fetch order (`crate::kafka::split_queues`).
 pub fn set_partitions_in_fetch_order(partitions: usize) {
     metrics::gauge!(PARTITIONS_IN_FETCH_ORDER).set(partitions as f64);
+}
+
+/// How many backlogged partitions wait for their turn (`crate::domain::rotation`).
+pub fn set_partitions_waiting_turn(partitions: usize) {
+    metrics::gauge!(PARTITIONS_WAITING_TURN).set(partitions as f64);
 }
 
 /// What the client's statistics say of the cluster and the fetched batches, and what the

@@ -1,14 +1,17 @@
 //! Which partitions the Kafka client fetches. The brake of a healthy backlog is not here: it is
 //! the intake's wait for room in the budget, which leaves prefetched records in the client. A
 //! pause is the exception, because it is costly — the client drops what it prefetched for the
-//! partition and fetches it again later. A partition is paused for one of two reasons:
+//! partition and fetches it again later. A partition is paused for one of three reasons:
 //!
 //! - **its window is full**: a record at its head does not resolve (an event the database
 //!   rejects, a slow batch), so its later records could only wait, taking budget that other
 //!   partitions need;
 //! - **the whole instance is paused**: the budget stayed full longer than the intake waits
 //!   (the database is down or slow). No record may be taken then, but the client must still be
-//!   polled to serve rebalances, and a poll returns records of every fetching partition.
+//!   polled to serve rebalances, and a poll returns records of every fetching partition;
+//! - **it waits for its turn**: its record batches are too large for every backlogged
+//!   partition to hold one in the budget at once, and others hold the seats
+//!   ([`super::rotation`]).
 //!
 //! A partition fetches whenever neither holds: nothing here can leave a partition paused while
 //! it has room and the instance has too. Pure: the caller applies the [`Changes`] to the client.
@@ -43,6 +46,8 @@ pub struct FlowPolicy<K> {
     instance_paused: bool,
     /// Partitions whose window is full.
     full: HashSet<K>,
+    /// Partitions waiting for a seat in the rotation.
+    waiting: HashSet<K>,
     /// Partitions the client was told to pause, and not to resume since.
     paused: HashSet<K>,
 }
@@ -52,6 +57,7 @@ impl<K> Default for FlowPolicy<K> {
         FlowPolicy {
             instance_paused: false,
             full: HashSet::new(),
+            waiting: HashSet::new(),
             paused: HashSet::new(),
         }
     }
@@ -71,7 +77,7 @@ impl<K: Eq + Hash + Clone> FlowPolicy<K> {
     }
 
     fn wants_pause(&self, partition: &K) -> bool {
-        self.instance_paused || self.full.contains(partition)
+        self.instance_paused || self.full.contains(partition) || self.waiting.contains(partition)
     }
 
     /// Brings the client's state of `partition` in line with the reasons.
@@ -95,6 +101,7 @@ impl<K: Eq + Hash + Clone> FlowPolicy<K> {
     /// assignment of the same partition.
     pub fn assigned(&mut self, partition: K) -> Changes<K> {
         self.full.remove(&partition);
+        self.waiting.remove(&partition);
         let mut changes = Changes::default();
         if self.instance_paused {
             self.settle(&partition, &mut changes);
@@ -108,6 +115,7 @@ impl<K: Eq + Hash + Clone> FlowPolicy<K> {
     /// A partition left this process: nothing about it is kept.
     pub fn revoked(&mut self, partition: &K) {
         self.full.remove(partition);
+        self.waiting.remove(partition);
         self.paused.remove(partition);
     }
 
@@ -126,6 +134,28 @@ impl<K: Eq + Hash + Clone> FlowPolicy<K> {
             self.settle(partition, &mut changes);
         }
         changes
+    }
+
+    /// The partition waits for a seat in the rotation: it stops fetching.
+    pub fn wait_turn(&mut self, partition: K) -> Changes<K> {
+        let mut changes = Changes::default();
+        self.waiting.insert(partition.clone());
+        self.settle(&partition, &mut changes);
+        changes
+    }
+
+    /// The partition's turn came (or it left the rotation): it fetches unless another reason
+    /// holds it.
+    pub fn take_turn(&mut self, partition: &K) -> Changes<K> {
+        let mut changes = Changes::default();
+        if self.waiting.remove(partition) {
+            self.settle(partition, &mut changes);
+        }
+        changes
+    }
+
+    pub fn is_waiting(&self, partition: &K) -> bool {
+        self.waiting.contains(partition)
     }
 
     /// The budget stayed full: every partition in `assigned` stops fetching, so that the client
@@ -238,6 +268,21 @@ mod tests {
     }
 
     #[test]
+    fn a_partition_waiting_for_its_turn_stays_paused_through_the_instance_pause_and_its_window() {
+        let mut flow = FlowPolicy::new();
+        flow.assigned(1);
+        flow.assigned(2);
+        assert_eq!(flow.wait_turn(1), pause(&[1]));
+        assert_eq!(flow.wait_turn(1), Changes::default());
+        flow.pause_instance(&[1, 2]);
+        assert_eq!(flow.resume_instance(), resume(&[2]), "1 still waits");
+        flow.window_full(1);
+        assert_eq!(flow.take_turn(&1), Changes::default(), "its window is full");
+        assert_eq!(flow.window_drained(&1), resume(&[1]));
+        assert_eq!(flow.take_turn(&2), Changes::default(), "2 never waited");
+    }
+
+    #[test]
     fn a_reassigned_partition_fetches_again_whatever_held_its_earlier_assignment() {
         let mut flow = FlowPolicy::new();
         flow.assigned(1);
@@ -256,6 +301,8 @@ mod tests {
         PauseInstance,
         ResumeInstance,
         FetchedWhilePaused(u8),
+        WaitTurn(u8),
+        TakeTurn(u8),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -267,13 +314,16 @@ mod tests {
             partition.clone().prop_map(Step::Drained),
             Just(Step::PauseInstance),
             Just(Step::ResumeInstance),
-            partition.prop_map(Step::FetchedWhilePaused),
+            partition.clone().prop_map(Step::FetchedWhilePaused),
+            partition.clone().prop_map(Step::WaitTurn),
+            partition.prop_map(Step::TakeTurn),
         ]
     }
 
     proptest! {
         /// Replaying the changes on a model of the client, after every step each assigned
-        /// partition is paused exactly when its window is full or the instance is paused: no
+        /// partition is paused exactly when its window is full, it waits for its turn or the
+        /// instance is paused: no
         /// partition idles while it and the instance have room, and none fetches past a reason
         /// to stop.
         #[test]
@@ -284,17 +334,20 @@ mod tests {
             let mut client_paused: HashSet<u8> = HashSet::new();
             let mut assigned: HashSet<u8> = HashSet::new();
             let mut full: HashSet<u8> = HashSet::new();
+            let mut waiting: HashSet<u8> = HashSet::new();
             let mut instance = false;
             for step in steps {
                 let changes = match step {
                     Step::Assign(p) => {
                         assigned.insert(p);
                         full.remove(&p);
+                        waiting.remove(&p);
                         flow.assigned(p)
                     }
                     Step::Revoke(p) => {
                         assigned.remove(&p);
                         full.remove(&p);
+                        waiting.remove(&p);
                         client_paused.remove(&p);
                         flow.revoked(&p);
                         Changes::default()
@@ -319,6 +372,14 @@ mod tests {
                     Step::FetchedWhilePaused(p) if assigned.contains(&p) => {
                         flow.fetched_while_paused(p)
                     }
+                    Step::WaitTurn(p) if assigned.contains(&p) => {
+                        waiting.insert(p);
+                        flow.wait_turn(p)
+                    }
+                    Step::TakeTurn(p) if assigned.contains(&p) => {
+                        waiting.remove(&p);
+                        flow.take_turn(&p)
+                    }
                     _ => Changes::default(),
                 };
                 for p in changes.pause {
@@ -328,7 +389,7 @@ mod tests {
                     client_paused.remove(&p);
                 }
                 for p in &assigned {
-                    let should = instance || full.contains(p);
+                    let should = instance || full.contains(p) || waiting.contains(p);
                     prop_assert_eq!(client_paused.contains(p), should, "partition {}", p);
                 }
             }

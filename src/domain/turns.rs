@@ -107,13 +107,22 @@ impl Turns {
         (queued_bytes > self.most_queued()).then(|| queued_bytes - self.queue_each)
     }
 
-    /// How many partitions may have queues of their own again after the turns ended with a
-    /// batch of `batch` bytes: each such queue may be sent a batch as large before it is looked
-    /// at (it is handed back to the consumer queue when its first record is taken, which waits
-    /// while the budget is full), so it holds its share of the queue and that batch, and the
-    /// client's part of the budget holds this many of them.
-    pub fn taken_again_at_most(&self, batch: usize) -> usize {
-        (self.share_each * self.partitions) / (self.queue_each + batch).max(1)
+    /// How many backlogged partitions may fetch at once after the turns ended with a batch of
+    /// `batch` bytes (the seats of [`super::rotation`]). A seated queue holds the batch being
+    /// taken and the next, fetched when the queue runs low (a batch's memory goes with its last
+    /// record), and librdkafka keeps an op and a message header beside each record's payload —
+    /// about as much again as a small record (measured: 2.8–3.0 MB of the client's heap per seat
+    /// with batches of about a megabyte of 190-byte records). So a seat is counted as its share
+    /// of the queue and four such batches, the fourth the margin for what the consumer queue
+    /// holds beside them; the client's part of the budget holds this many — one at least, as
+    /// one queue in fetch order would hold the batch.
+    pub fn seats(&self, batch: usize) -> usize {
+        ((self.share_each * self.partitions) / self.seat_bytes(batch).max(1)).max(1)
+    }
+
+    /// What a seat is counted to hold with batches of `batch` bytes ([`Self::seats`]).
+    fn seat_bytes(&self, batch: usize) -> usize {
+        self.queue_each + 4 * batch
     }
 
     /// The budget with which every partition's share holds two batches of `batch` bytes (the
@@ -195,14 +204,19 @@ mod tests {
     }
 
     #[test]
-    fn the_partitions_taken_in_turn_again_hold_their_batches_within_the_clients_part() {
+    fn the_seated_partitions_hold_their_batches_within_the_clients_part() {
         for partitions in [4, 24, 48, 96] {
             let many = turns(partitions).unwrap();
             for batch in [16 << 10, 1_000_000, 4 << 20] {
-                let most = many.taken_again_at_most(batch);
-                let held = most * (many.queue_each + batch);
-                assert!(held <= CLIENT, "{partitions} × {batch}: {most} hold {held}");
-                let one_more = (most + 1) * (many.queue_each + batch);
+                let most = many.seats(batch);
+                // Each seat: its share of the queue, the batch being taken and the next, and
+                // librdkafka's bookkeeping as large again.
+                let held = most * (many.queue_each + 4 * batch);
+                assert!(
+                    held <= CLIENT || most == 1,
+                    "{partitions} × {batch}: {most} hold {held}"
+                );
+                let one_more = (most + 1) * (many.queue_each + 4 * batch);
                 assert!(
                     one_more > many.share_each * partitions,
                     "{partitions} × {batch}: room for {}",
@@ -210,10 +224,10 @@ mod tests {
                 );
             }
         }
-        // At the defaults, twelve of 24 partitions may be sent a megabyte batch each.
-        assert!(turns(24).unwrap().taken_again_at_most(1_000_000) >= 12);
-        // A batch larger than the client's part: none.
-        assert_eq!(turns(24).unwrap().taken_again_at_most(CLIENT), 0);
+        // At the defaults, four of 24 partitions may fetch megabyte batches at once.
+        assert_eq!(turns(24).unwrap().seats(1_000_000), 4);
+        // A batch larger than the client's part: one seat, as one queue in fetch order holds it.
+        assert_eq!(turns(24).unwrap().seats(CLIENT), 1);
     }
 
     #[test]

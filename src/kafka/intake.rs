@@ -107,7 +107,11 @@ impl Intake {
 
     /// Returns true once the budget has room, false if it had none within `max_wait`.
     pub async fn room(&self, max_wait: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + max_wait;
+        self.room_by(tokio::time::Instant::now() + max_wait).await
+    }
+
+    /// Returns true once the budget has room, false if it had none by `deadline`.
+    pub async fn room_by(&self, deadline: tokio::time::Instant) -> bool {
         tokio::time::timeout_at(deadline, self.until(|budget| budget.has_room()))
             .await
             .is_ok()

@@ -39,6 +39,7 @@ pub use context::{RebalanceEvent, SupervisorContext};
 
 use crate::config::{ConfigError, GroupProtocol, KafkaSettings};
 use crate::domain::budget::{Fetch, Held, Split};
+use crate::domain::rotation::{Pace, Rotation};
 use crate::domain::{Record, TopicPartition};
 use intake::Intake;
 use passed_over::HandedOver;
@@ -340,22 +341,31 @@ pub fn item_stream(
 ) -> impl Stream<Item = Vec<KafkaItem>> {
     let mut positions = tokio::time::interval(PASSED_OVER_CHECK);
     positions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rotation_due = tokio::time::interval(ROTATION_CHECK);
+    rotation_due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let state = Polling {
         split: SplitQueues::default(),
         carried: Vec::new(),
-        outgrown_once: Vec::new(),
         largest_batch: 0,
         watermarks: WatermarkQueries::default(),
-        rejoined: Vec::new(),
+        rotation: Rotation::default(),
+        rotation_due,
+        rotating: false,
+        handed_count: 0,
+        pace: Pace::default(),
+        batch_records: 0,
         consumer,
         intake,
         known: Vec::new(),
         handed: HandedOver::default(),
         positions,
         main_due: tokio::time::Instant::now(),
+        room_deadline: None,
     };
     futures::stream::unfold(state, move |mut state| async move {
         let mut check_positions = false;
+        let mut check_seats = false;
+        let rotating = state.consumer.context().turns_ended();
         let received = tokio::select! {
             biased;
             _ = state.consumer.context().notify.notified() => None,
@@ -363,12 +373,19 @@ pub fn item_stream(
                 check_positions = true;
                 None
             }
-            received = next_record(&state.consumer, &state.intake, &mut state.split, &mut state.main_due, max_wait) => received,
+            _ = state.rotation_due.tick(), if rotating => {
+                check_seats = true;
+                None
+            }
+            received = next_record(&state.consumer, &state.intake, &mut state.split, &mut state.main_due, &mut state.room_deadline, max_wait) => received,
         };
         let mut items = Vec::new();
         state.rebalances(&mut items);
+        if check_seats {
+            state.rotate(&mut items);
+        }
         if check_positions {
-            state.turn_again();
+            state.ask_watermarks();
             items.extend(passed_over(
                 &state.consumer,
                 &mut state.known,
@@ -387,17 +404,12 @@ pub fn item_stream(
                 state.rejoin_outgrown();
             }
             // Paused, the stream only polls for callbacks: one record at a time.
-            if paused
-                || taken == RECORDS_PER_TURN
-                || !state.intake.has_room()
-                || !state.rejoined.is_empty()
-            {
+            if paused || taken == RECORDS_PER_TURN || !state.intake.has_room() {
                 break;
             }
             next = state.ready();
             taken += 1;
         }
-        state.report_rejoined();
         Some((items, state))
     })
 }
@@ -408,16 +420,24 @@ struct Polling {
     split: SplitQueues<HistoryConsumer>,
     /// The assigned partitions without a queue of their own: taken from the consumer queue.
     carried: Vec<TopicPartition>,
-    /// The partitions that showed a batch larger than their turn: in fetch order for good.
-    outgrown_once: Vec<TopicPartition>,
     /// The largest record batch a queue showed (the one that ended the turns, or one shown
-    /// since): what each partition taken in turn again may be sent before it is looked at.
+    /// since): what each seated partition may be sent before it is looked at.
     largest_batch: usize,
     /// The watermarks asked of the brokers for partitions in fetch order the client has not
     /// fetched since the turns ended.
     watermarks: WatermarkQueries,
-    /// The partitions given back to the consumer queue in this turn, not yet reported.
-    rejoined: Vec<(split_queues::Outgrown, usize)>,
+    /// After the turns ended: the backlogged partitions, seated (fetching, each with a queue
+    /// of its own) or waiting (paused) for a seat.
+    rotation: Rotation<TopicPartition>,
+    /// When the seats are next looked at.
+    rotation_due: tokio::time::Interval,
+    /// Whether backlogged partitions take turns for seats now.
+    rotating: bool,
+    /// The records handed over so far, and how fast.
+    handed_count: u64,
+    pace: Pace,
+    /// The records of the largest batch a queue showed (with `largest_batch`).
+    batch_records: u64,
     consumer: Arc<HistoryConsumer>,
     intake: Arc<Intake>,
     known: Vec<TopicPartition>,
@@ -425,6 +445,9 @@ struct Polling {
     positions: tokio::time::Interval,
     /// When the consumer queue is next polled even though partition queues have records.
     main_due: tokio::time::Instant,
+    /// When the wait for room under way ends (and the instance pauses): kept across the ticks
+    /// that interrupt it, which would otherwise restart it for good.
+    room_deadline: Option<tokio::time::Instant>,
 }
 
 impl Polling {
@@ -483,6 +506,10 @@ impl Polling {
         // A record came from a broker: whatever said they were all down is over.
         self.consumer.context().health().broker_up();
         self.handed.record(&tp, record.offset);
+        self.handed_count += 1;
+        if self.rotating {
+            self.rotation.handed(&tp);
+        }
         let held = self.intake.take(&record);
         if paused {
             // Assigned after the pause: kept (it is counted), and paused with the rest.
@@ -495,32 +522,196 @@ impl Polling {
     }
 
     /// A queue showed a fetched batch larger than a partition's turn allows. The first ends the
-    /// turns ([`Self::end_turns`]); after it, a partition taken in turn again that shows one is
-    /// taken in fetch order with the rest, for good.
+    /// turns ([`Self::end_turns`]); after it, a partition with a queue of its own that shows one
+    /// is backlogged: it keeps its seat in the rotation, or takes one ([`Self::rotate`] sends
+    /// it to wait if the seats are over), and the batch sets how many seats the budget holds.
     fn rejoin_outgrown(&mut self) {
         if !self.consumer.context().turns_ended() {
             self.end_turns();
             return;
         }
-        let rejoined = self.split.rejoin_outgrown(self.consumer.as_ref());
-        for (outgrown, _) in &rejoined {
-            self.largest_batch = self.largest_batch.max(outgrown.batch);
-            if !self.carried.contains(&outgrown.tp) {
-                self.carried.push(outgrown.tp.clone());
-            }
-            if !self.outgrown_once.contains(&outgrown.tp) {
-                self.outgrown_once.push(outgrown.tp.clone());
+        let now = std::time::Instant::now();
+        for outgrown in self.split.take_outgrown() {
+            self.shown(&outgrown);
+            if !self.rotation.contains(&outgrown.tp) && self.split.contains(&outgrown.tp) {
+                self.rotation.seat(outgrown.tp, now);
             }
         }
-        self.rejoined.extend(rejoined);
+    }
+
+    /// A queue showed a batch larger than a turn: the largest sets the seats.
+    fn shown(&mut self, outgrown: &split_queues::Outgrown) {
+        self.largest_batch = self.largest_batch.max(outgrown.batch);
+        let records = outgrown.batch as u64 * outgrown.queued_records as u64
+            / outgrown.queued_bytes.max(1) as u64;
+        self.batch_records = self.batch_records.max(records);
+    }
+
+    /// The records of `tp` not yet handed over, by the watermarks the client last saw (or a
+    /// broker told), if known.
+    fn behind(&self, tp: &TopicPartition) -> Option<(i64, i64, i64)> {
+        let cached =
+            split_queues::watermarks(self.consumer.as_ref(), tp).filter(|&(_, high)| high >= 0);
+        let (low, high) = cached.or_else(|| self.watermarks.answer(tp))?;
+        let behind = split_queues::not_handed_over(low, high, self.handed.next(tp))?;
+        Some((low, high, behind))
+    }
+
+    /// After the turns ended, while fetch order would be slow to come round to every
+    /// backlogged partition ([`Pace`]), they take turns for the seats the budget holds with
+    /// batches as large as the largest shown ([`crate::domain::rotation`]): a partition in
+    /// fetch order with more records to read than fit a turn is paused, given a queue of its
+    /// own and waits for a seat; a seated one with nothing left to hand over goes back to
+    /// fetch order; then the seats whose slice ended change hands. A partition sent to wait is paused under the fetching decisions' lock,
+    /// and what its queue held of fetches past what was handed over is dropped (fetched again
+    /// from there when its turn comes); one whose turn came is resumed.
+    fn rotate(&mut self, items: &mut Vec<KafkaItem>) {
+        let context = self.consumer.context().clone();
+        if !context.turns_ended() {
+            return;
+        }
+        let Some(turns) = context.planned_turns().copied() else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let backlogged = |polling: &Self, tp: &TopicPartition| {
+            polling
+                .behind(tp)
+                .is_some_and(|(_, _, behind)| !polling.split.fits_a_turn(behind, &turns))
+        };
+        let joining: Vec<TopicPartition> = self
+            .carried
+            .iter()
+            .filter(|tp| backlogged(self, tp))
+            .cloned()
+            .collect();
+        self.pace.sample(now, self.handed_count);
+        let in_rotation = self.rotation.seated().count() + self.rotation.waiting_len();
+        let rotates = self.pace.rotates(
+            self.rotating,
+            joining.len() + in_rotation,
+            self.batch_records,
+        );
+        if !rotates {
+            if self.rotating {
+                self.stop_rotating();
+            }
+            return;
+        }
+        if !self.rotating {
+            self.rotating = true;
+            tracing::info!(
+                backlogged = joining.len() + in_rotation,
+                batch_records = self.batch_records,
+                round_ms = ?self.pace.round(joining.len() + in_rotation, self.batch_records).map(|round| round.as_millis()),
+                seats = turns.seats(self.largest_batch),
+                "backlogged partitions take turns for seats: in fetch order one batch of each \
+                 would take longer than 2.5 s to be handed over at this pace, and the partitions \
+                 whose batches came last would wait as long"
+            );
+        }
+        for tp in joining {
+            let consumer = self.consumer.clone();
+            let wake = self.split.wake();
+            let opened = self.intake.flow(|flow| {
+                let changes = flow.wait_turn(tp.clone());
+                intake::apply(consumer.as_ref(), &changes);
+                let queue = SplitQueue::open(consumer.clone(), tp.clone(), wake);
+                if queue.is_none() {
+                    // It stays in fetch order, fetching.
+                    let changes = flow.take_turn(&tp);
+                    intake::apply(consumer.as_ref(), &changes);
+                }
+                queue
+            });
+            if let Some(queue) = opened {
+                self.split.insert(queue);
+                self.carried.retain(|carried| carried != &tp);
+                self.rotation.wait(tp);
+            }
+        }
+        // Left with nothing to hand over: were it given back with records still to take, they
+        // would wait in the consumer queue ahead of a quiet partition's new events, taken at
+        // the consumer queue's turns.
+        let caught_up: Vec<TopicPartition> = self
+            .rotation
+            .seated()
+            .filter(|tp| self.behind(tp).is_some_and(|(_, _, behind)| behind == 0))
+            .cloned()
+            .collect();
+        for tp in caught_up {
+            self.rotation.remove(&tp);
+            if self.split.rejoin(self.consumer.as_ref(), &tp) && !self.carried.contains(&tp) {
+                self.carried.push(tp);
+            }
+        }
+        let seats = turns.seats(self.largest_batch);
+        let swaps = self
+            .rotation
+            .turn(now, seats, ROTATION_QUANTUM, ROTATION_SLICE);
+        if !swaps.leave.is_empty() || !swaps.enter.is_empty() {
+            let consumer = self.consumer.clone();
+            self.intake.flow(|flow| {
+                for tp in &swaps.leave {
+                    let changes = flow.wait_turn(tp.clone());
+                    intake::apply(consumer.as_ref(), &changes);
+                }
+                for tp in &swaps.enter {
+                    let changes = flow.take_turn(tp);
+                    intake::apply(consumer.as_ref(), &changes);
+                }
+            });
+            for tp in &swaps.leave {
+                if let Some(fetched) = self.split.discard_stale(tp) {
+                    tracing::error!(%tp, "a partition sent to wait for its turn still had a record to take: it is taken");
+                    self.take(Taken::Record(tp.clone(), fetched), false, items);
+                }
+            }
+            tracing::debug!(
+                left = ?swaps.leave,
+                entered = ?swaps.enter,
+                seats,
+                waiting = self.rotation.waiting_len(),
+                "seats of the rotation changed hands"
+            );
+        }
+        crate::metrics::set_partitions_waiting_turn(self.rotation.waiting_len());
+        self.carried_changed();
+    }
+
+    /// The database keeps pace again: every partition of the rotation is taken in fetch order,
+    /// those waiting resumed.
+    fn stop_rotating(&mut self) {
+        self.rotating = false;
+        let seated: Vec<TopicPartition> = self.rotation.seated().cloned().collect();
+        let waiting: Vec<TopicPartition> = self.rotation.waiting().cloned().collect();
+        let consumer = self.consumer.clone();
+        self.intake.flow(|flow| {
+            for tp in &waiting {
+                let changes = flow.take_turn(tp);
+                intake::apply(consumer.as_ref(), &changes);
+            }
+        });
+        for tp in seated.iter().chain(&waiting) {
+            self.rotation.remove(tp);
+            if self.split.rejoin(self.consumer.as_ref(), tp) && !self.carried.contains(tp) {
+                self.carried.push(tp.clone());
+            }
+        }
+        tracing::info!(
+            partitions = seated.len() + waiting.len(),
+            "backlogged partitions no longer take turns for seats: the database keeps pace, and \
+             fetch order comes round to each within a second or so"
+        );
+        crate::metrics::set_partitions_waiting_turn(0);
         self.carried_changed();
     }
 
     /// Partitions are taken in fetch order from now on: a partition's queue showed a fetched
     /// batch larger than the turns allow, and with a batch like it in every partition's queue
     /// the client would hold more than its share of the budget. Every queue is given back to
-    /// the consumer queue, records and all (each partition's in order); the partitions caught
-    /// up with their log are then taken in turn again ([`Self::turn_again`]).
+    /// the consumer queue, records and all (each partition's in order); under a slow database
+    /// the backlogged ones then take turns for seats ([`Self::rotate`]).
     fn end_turns(&mut self) {
         let context = self.consumer.context();
         let Some(turns) = context.turns().copied() else {
@@ -530,8 +721,7 @@ impl Polling {
             return;
         };
         context.end_turns();
-        self.outgrown_once.push(outgrown.tp.clone());
-        self.largest_batch = self.largest_batch.max(outgrown.batch);
+        self.shown(&outgrown);
         let (rejoined, queued_at_end) = self.split.rejoin_all(self.consumer.as_ref());
         for tp in rejoined {
             if !self.carried.contains(&tp) {
@@ -555,141 +745,32 @@ impl Polling {
              partition's turn allows (its share of the Kafka client's queue and half the rest of \
              its share of the client's part of pipeline.max_in_flight_bytes; producers' batches \
              reach a megabyte writing a backlog), and a batch like it in \
-             each partition's queue would exceed the budget. Records are taken in the order \
-             they were fetched until the service restarts; under a slow database one \
-             partition's run is written while the others wait. A partition caught up with its \
-             log is taken in turn again, until it shows such a batch itself. Raise \
-             pipeline.max_in_flight_bytes to the value named for partitions to take turns \
-             with batches of this size"
+             each partition's queue would exceed the budget. Records are taken in the order they \
+             were fetched; when that would take over 2.5 s to come round to every backlogged \
+             partition (a slow database), they take turns for seats: as many fetch at once as \
+             the client's part of the budget holds batches of this size, each for 500 records \
+             or a second while others wait, paused (what the client fetched of a partition \
+             past what was taken is fetched again at its next turn). Raise \
+             pipeline.max_in_flight_bytes to the value named for every partition to take turns \
+             at once with batches of this size"
         );
-        self.turn_again();
     }
 
-    /// After the turns ended, the partitions in fetch order whose logs hold no more records
-    /// past what was handed over than fit a turn (their high watermark as the client last saw
-    /// it, or as a broker told it: [`watermark_queries`]) get a queue of their own again: a
-    /// quiet partition's new event is then taken in its turn, not after the backlog of the
-    /// others' fetched batches. Such a partition is paused (which makes what the client queued
-    /// of it stale, dropped unread, and sets its next fetch at what was handed over: no record
-    /// of it can be taken out of order), split off, and resumed — under the fetching decisions'
-    /// lock, so a pause of the budget or of its window is neither undone nor missed. A
-    /// partition that showed a batch larger than its turn stays in fetch order.
-    ///
-    /// Each partition taken in turn again may be sent a batch as large as the largest shown
-    /// before its queue is looked at (that waits for the budget to have room), so no more are
-    /// taken than the client's part of the budget holds at that size
-    /// ([`crate::domain::turns::Turns::taken_again_at_most`]): those with the fewest records
-    /// behind first.
-    fn turn_again(&mut self) {
+    /// After the turns ended, asks the brokers for the watermarks of the partitions in fetch
+    /// order the client has not fetched since (a partition's backlog decides whether it takes
+    /// turns for a seat: [`Self::rotate`]).
+    fn ask_watermarks(&mut self) {
         if !self.consumer.context().turns_ended() {
             return;
         }
-        let Some(turns) = self.consumer.context().planned_turns().copied() else {
-            return;
-        };
         self.watermarks.answered();
-        let mut ask = Vec::new();
-        let mut candidates: Vec<(TopicPartition, i64, i64, i64)> = Vec::new();
-        for tp in self
+        let ask: Vec<TopicPartition> = self
             .carried
             .iter()
-            .filter(|tp| !self.outgrown_once.contains(tp))
-        {
-            let cached =
-                split_queues::watermarks(self.consumer.as_ref(), tp).filter(|&(_, high)| high >= 0);
-            let Some((low, high)) = cached.or_else(|| self.watermarks.answer(tp)) else {
-                ask.push(tp.clone());
-                continue;
-            };
-            let Some(behind) = split_queues::not_handed_over(low, high, self.handed.next(tp))
-            else {
-                continue;
-            };
-            if self.split.fits_a_turn(behind, &turns) {
-                candidates.push((tp.clone(), low, high, behind));
-            }
-        }
-        self.watermarks.ask(&self.consumer, ask);
-        let room = turns
-            .taken_again_at_most(self.largest_batch)
-            .saturating_sub(self.split.len());
-        if candidates.len() > room {
-            candidates.sort_by_key(|&(_, _, _, behind)| behind);
-            tracing::debug!(
-                caught_up = candidates.len(),
-                room,
-                in_turn = self.split.len(),
-                batch_bytes = self.largest_batch,
-                "more partitions are caught up with their log than the budget holds in turn \
-                 with batches this large: the rest stay in fetch order for now"
-            );
-            candidates.truncate(room);
-        }
-        for (tp, low, high, _) in candidates {
-            let consumer = self.consumer.clone();
-            let wake = self.split.wake();
-            let opened = self.intake.flow(|flow| {
-                if flow.is_instance_paused() || flow.is_paused(&tp) {
-                    return None;
-                }
-                let mut tpl = rdkafka::TopicPartitionList::with_capacity(1);
-                tpl.add_partition(&tp.topic, tp.partition);
-                if let Err(err) = consumer.pause(&tpl) {
-                    tracing::warn!(%tp, error = %err, "the caught-up partition could not be paused to take it in turn again");
-                    return None;
-                }
-                let queue = SplitQueue::open(consumer.clone(), tp.clone(), wake);
-                if queue.is_none() && !split_queues::rejoin(consumer.as_ref(), &tp) {
-                    tracing::error!(%tp, "the partition's queue could not be given back to the consumer queue: its records are not taken");
-                }
-                if let Err(err) = consumer.resume(&tpl) {
-                    tracing::error!(%tp, error = %err, "the partition could not be resumed: its records are not taken");
-                }
-                queue
-            });
-            if let Some(queue) = opened {
-                tracing::info!(
-                    %tp,
-                    low,
-                    high,
-                    handed_next = ?self.handed.next(&tp),
-                    "a partition with no more records to read than fit its turn is taken in turn again"
-                );
-                self.split.insert(queue);
-                self.carried.retain(|carried| carried != &tp);
-            }
-        }
-        self.carried_changed();
-    }
-
-    /// One WARN for the partitions taken in turn again that were taken in fetch order in this
-    /// turn.
-    fn report_rejoined(&mut self) {
-        if self.rejoined.is_empty() {
-            return;
-        }
-        let rejoined = std::mem::take(&mut self.rejoined);
-        let Some(turns) = self.consumer.context().planned_turns().copied() else {
-            return;
-        };
-        let largest = rejoined
-            .iter()
-            .map(|(outgrown, _)| outgrown)
-            .max_by_key(|outgrown| outgrown.batch)
-            .expect("one partition at least");
-        let partitions: Vec<String> = rejoined
-            .iter()
-            .map(|(outgrown, _)| outgrown.tp.to_string())
+            .filter(|tp| self.behind(tp).is_none())
+            .cloned()
             .collect();
-        tracing::warn!(
-            partitions = ?partitions,
-            in_fetch_order = self.carried.len(),
-            queued_at_end = rejoined.iter().map(|(_, held)| held).sum::<usize>(),
-            batch_bytes = largest.batch,
-            needed = turns.budget_for(largest.batch),
-            "partitions taken in turn again are taken in fetch order for good: a fetch brought \
-             them a record batch larger than a partition's turn allows"
-        );
+        self.watermarks.ask(&self.consumer, ask);
     }
 
     /// The consumer queue's part of the turns and the gauges follow the partitions it carries.
@@ -697,7 +778,9 @@ impl Polling {
         self.split.set_carried(self.carried.len());
         let splits = self.consumer.context().planned_turns().is_some();
         crate::metrics::set_partitions_in_fetch_order(self.carried.len());
-        crate::metrics::set_partitions_in_turn(splits && self.carried.is_empty());
+        crate::metrics::set_partitions_waiting_turn(self.rotation.waiting_len());
+        let rotating = self.rotation.seated().next().is_some() || self.rotation.waiting_len() > 0;
+        crate::metrics::set_partitions_in_turn(splits && self.carried.is_empty() && !rotating);
     }
 
     /// Opens the queues of assigned partitions, drops those of revoked ones.
@@ -740,6 +823,7 @@ impl Polling {
                 for (tp, _) in partitions {
                     self.handed.forget(tp);
                     self.split.remove(tp);
+                    self.rotation.remove(tp);
                     self.carried.retain(|carried| carried != tp);
                     self.watermarks.forget(tp);
                 }
@@ -769,6 +853,18 @@ impl Taken {
         }))
     }
 }
+
+/// How often the seats of the rotation are looked at, after the turns ended.
+const ROTATION_CHECK: Duration = Duration::from_millis(250);
+
+/// How many records a backlogged partition hands over in one turn of its seat while others
+/// wait for one: with 23 backlogged partitions and 5 seats (megabyte batches at the default
+/// budget) and a database writing 5,000 events/s, a round of the seats takes 2.3 s.
+const ROTATION_QUANTUM: u64 = 500;
+
+/// The longest a backlogged partition keeps its seat while others wait, whatever it handed
+/// over (a database far slower, or a partition whose window is full).
+const ROTATION_SLICE: Duration = Duration::from_secs(1);
 
 /// How often the client's positions are compared with the records it handed over.
 const PASSED_OVER_CHECK: Duration = Duration::from_secs(1);
@@ -808,11 +904,15 @@ async fn next_record(
     intake: &Intake,
     split: &mut SplitQueues<HistoryConsumer>,
     main_due: &mut tokio::time::Instant,
+    room_deadline: &mut Option<tokio::time::Instant>,
     max_wait: Duration,
 ) -> Option<Taken> {
     let wake = split.wake();
     if !intake.flow(|flow| flow.is_instance_paused()) {
-        if intake.room(max_wait).await {
+        let deadline = *room_deadline.get_or_insert_with(|| tokio::time::Instant::now() + max_wait);
+        let room = intake.room_by(deadline).await;
+        *room_deadline = None;
+        if room {
             // Rebalance callbacks run only where the consumer queue is polled, and the
             // partitions' own queues may never run dry (a backlog behind a database slower than
             // the broker): it is polled, without waiting, at least this often all the same.

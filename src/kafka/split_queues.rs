@@ -106,7 +106,7 @@ pub(crate) struct SplitQueue<K> {
 struct Signal {
     /// Whether the queue may hold records: cleared before a poll, set when a poll took one or
     /// the queue had one put in since. A queue found empty is not polled again until then —
-    /// the partitions taken in turn again after the turns ended are mostly empty, and polling
+    /// the partitions waiting for a seat after the turns ended are empty, and polling
     /// each for every record taken from the consumer queue cost a fifth of the service's CPU
     /// (a lock and a clock read each, for every queue).
     ready: AtomicBool,
@@ -198,6 +198,26 @@ impl<K> SplitQueue<K> {
                 if rdsys::rd_kafka_last_error() != RDKafkaRespErr::RD_KAFKA_RESP_ERR__TIMED_OUT {
                     self.signal.ready.store(true, Ordering::Release);
                 }
+                return None;
+            }
+            self.signal.ready.store(true, Ordering::Release);
+            let taken = record_of_native(&*message);
+            rdsys::rd_kafka_message_destroy(message);
+            Some(taken)
+        }
+    }
+}
+
+impl<K> SplitQueue<K> {
+    /// Drops what the queue holds of a fetch the partition's pause made stale (librdkafka
+    /// discards such records as a poll meets them; unpolled, a paused partition's queue would
+    /// keep its batch). Returns a record that was not stale, which only a pause that did not
+    /// take would leave.
+    fn discard_stale(&mut self) -> Option<Fetched> {
+        // SAFETY: as in `take`.
+        unsafe {
+            let message = rdsys::rd_kafka_consume_queue(self.queue.as_ptr(), 0);
+            if message.is_null() {
                 return None;
             }
             self.signal.ready.store(true, Ordering::Release);
@@ -393,11 +413,6 @@ impl<K> SplitQueues<K> {
         self.queues.push(queue);
     }
 
-    /// How many partitions have a queue of their own.
-    pub(crate) fn len(&self) -> usize {
-        self.queues.len()
-    }
-
     /// Drops a partition's queue, if it has one: its records left there are not taken.
     pub(crate) fn remove(&mut self, tp: &TopicPartition) {
         if let Some(at) = self.queues.iter().position(|q| q.partition() == tp) {
@@ -406,6 +421,26 @@ impl<K> SplitQueues<K> {
                 self.next -= 1;
             }
         }
+    }
+
+    /// Drops what `tp`'s queue holds of fetches its pause made stale; returns a record that was
+    /// not (see [`SplitQueue::discard_stale`]).
+    pub(crate) fn discard_stale(&mut self, tp: &TopicPartition) -> Option<Fetched> {
+        self.queues
+            .iter_mut()
+            .find(|queue| queue.partition() == tp)?
+            .discard_stale()
+    }
+
+    /// Whether `tp` has a queue of its own.
+    pub(crate) fn contains(&self, tp: &TopicPartition) -> bool {
+        self.queues.iter().any(|queue| queue.partition() == tp)
+    }
+
+    /// Forgets the queues found holding more than the turns allow, returning what they showed:
+    /// in the rotation a seated partition's batch may be larger than a turn.
+    pub(crate) fn take_outgrown(&mut self) -> Vec<Outgrown> {
+        std::mem::take(&mut self.outgrown)
     }
 
     /// The next record of the partitions in turn, starting after the one that gave the last:
@@ -473,48 +508,35 @@ impl<K> SplitQueues<K> {
         !self.outgrown.is_empty()
     }
 
-    /// Hands the queues found holding more than the turns allow back to the consumer queue of
-    /// `consumer`, records and all (appended to it in order, so each partition's stay in
-    /// order): their partitions are taken in fetch order from now on, and the consumer queue
-    /// carries them. Returns what each showed, with the records it held when handed back.
-    pub(crate) fn rejoin_outgrown<C: ConsumerContext>(
+    /// Hands `tp`'s queue back to the consumer queue of `consumer`, records and all (appended
+    /// in order): the partition is taken in fetch order from now on. Returns whether it had a
+    /// queue and could.
+    pub(crate) fn rejoin<C: ConsumerContext>(
         &mut self,
         consumer: &impl Consumer<C>,
-    ) -> Vec<(Outgrown, usize)> {
-        let outgrown = std::mem::take(&mut self.outgrown);
-        if outgrown.is_empty() {
-            return Vec::new();
-        }
-        let rk = consumer.client().native_ptr();
-        // SAFETY: `rk` is the live client; the handle is destroyed below, after the forwards
-        // took references of their own.
-        let Some(main) = NonNull::new(unsafe { rdsys::rd_kafka_queue_get_consumer(rk) }) else {
-            tracing::error!(
-                "the consumer queue could not be opened: partitions whose record batches \
-                 outgrew their turn keep their own queues"
-            );
-            return Vec::new();
+        tp: &TopicPartition,
+    ) -> bool {
+        let Some(at) = self.queues.iter().position(|q| q.partition() == tp) else {
+            return false;
         };
-        let mut rejoined = Vec::with_capacity(outgrown.len());
-        for shown in outgrown {
-            let Some(at) = self.queues.iter().position(|q| q.partition() == &shown.tp) else {
-                // Revoked since.
-                continue;
-            };
-            let queue = self.queues.remove(at);
-            if self.next > at {
-                self.next -= 1;
-            }
-            if self.next >= self.queues.len() {
-                self.next = 0;
-            }
-            let held = queue.queued();
-            queue.rejoin(main);
-            rejoined.push((shown, held));
+        let rk = consumer.client().native_ptr();
+        // SAFETY: `rk` is the live client; the handle is destroyed below, after the forward took
+        // a reference of its own.
+        let Some(main) = NonNull::new(unsafe { rdsys::rd_kafka_queue_get_consumer(rk) }) else {
+            tracing::error!(%tp, "the consumer queue could not be opened: the partition keeps its own queue");
+            return false;
+        };
+        let queue = self.queues.remove(at);
+        if self.next > at {
+            self.next -= 1;
         }
+        if self.next >= self.queues.len() {
+            self.next = 0;
+        }
+        queue.rejoin(main);
         // SAFETY: made above, destroyed once.
         unsafe { rdsys::rd_kafka_queue_destroy(main.as_ptr()) };
-        rejoined
+        true
     }
 
     /// Hands every queue back to the consumer queue of `consumer`, records and all; returns

@@ -269,6 +269,23 @@ async fn many_partitions_of_small_batches_take_turns_under_the_default_budget() 
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
+/// The service started on `each` events `prefix-…` in each of the `MANY` partitions, produced
+/// in batches of a megabyte, against a database writing at most 4,000 rows a second (two
+/// writers, a statement of 100 rows each 50 ms at least); the client's heap is read every
+/// 200 ms.
+async fn megabyte_backlog_behind_a_slow_database(each: usize, prefix: &str) -> TestApp {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = MANY;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
+    })
+    .await;
+    produce_in_batches_of(&app, each, prefix, 1_000_000).await;
+    app.db.slow_each_write(0.05).await;
+    app.start();
+    app
+}
+
 /// librdkafka's producers write a backlog in batches of up to a megabyte, and a broker returns
 /// a partition's first batch whole: with one in each of 24 partitions' queues the client would
 /// hold more than its part of the default budget. The first such batch ends the turns: every
@@ -280,16 +297,8 @@ async fn megabyte_batches_end_the_turns_of_many_partitions_and_lose_nothing() {
     // Two batches of a megabyte or so each: the first of all 24 may be fetched before the
     // turns end, and rows are written past them and the budget before the heap is read.
     const EACH: usize = 12_000;
-    let mut app = TestApp::prepare(|o| {
-        o.partitions = MANY;
-        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
-        o.env("HISTORY__KAFKA__STATISTICS_INTERVAL_MS", "200");
-    })
-    .await;
-    produce_in_batches_of(&app, EACH, "large", 1_000_000).await;
     // Slow enough that the client's queues are full while the heap is read.
-    app.db.slow_each_write(0.05).await;
-    app.start();
+    let mut app = megabyte_backlog_behind_a_slow_database(EACH, "large").await;
     app.wait_for_metrics(Duration::from_secs(60), |m| {
         m.get("history_partitions_in_turn") == Some(0.0)
     })
@@ -420,17 +429,16 @@ async fn rows_until(app: &TestApp, before: &BTreeMap<i32, i64>, more: i64) -> BT
     }
 }
 
-/// When megabyte batches end the turns, the partitions with no more records to read than fit a
-/// turn (here: none) are taken in turn again (within a second, in queues of their own): a quiet
-/// partition's new event is taken in its turn, not behind the others' backlog in fetch order
-/// (where it waited for nearly the whole backlog: 263,200 rows of 276,000 in a run with 23
-/// backlogged partitions and none taken in turn again). Given backlogs of small batches
-/// afterwards, they keep their turns, and the partitions in fetch order keep theirs: the
-/// consumer queue takes a turn for each partition it carries (0.51 of the rows for 12 of 24
-/// partitions in one run; polled only for rebalances and when the partition queues ran dry,
-/// it got 0.14).
+/// When megabyte batches end the turns under a slow database, the backlogged partitions take
+/// turns for seats and the quiet ones stay in fetch order, where only the records of
+/// partitions caught up with their log come: a quiet partition's new event is taken at the
+/// consumer queue's turn, not behind the others' backlog (where it waited for nearly the whole
+/// backlog: 263,200 rows of 276,000 in a run with 23 backlogged partitions in fetch order).
+/// Given backlogs of small batches afterwards, the quiet partitions take turns for seats with
+/// the others, and each side gets its share (0.51 of the rows for 12 of 24 partitions in one
+/// run of the turns' earlier form).
 #[actix_rt::test]
-async fn partitions_caught_up_when_the_turns_end_are_taken_in_turn_again() {
+async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() {
     const EACH: usize = 12_000;
     // Partitions 0–11 backlogged with megabyte batches, 12–23 quiet.
     const QUIET: i32 = MANY / 2;
@@ -451,8 +459,9 @@ async fn partitions_caught_up_when_the_turns_end_are_taken_in_turn_again() {
         Duration::from_secs(60),
     )
     .await;
-    // The quiet partitions, and they alone, are taken in turn again.
-    app.wait_for_metrics(Duration::from_secs(10), |m| {
+    // The backlogged partitions take turns for seats; the quiet ones, and they alone, stay in
+    // fetch order.
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
         m.get("history_partitions_in_fetch_order") == Some(QUIET as f64)
             && m.get("history_partitions_in_turn") == Some(0.0)
     })
@@ -482,8 +491,7 @@ async fn partitions_caught_up_when_the_turns_end_are_taken_in_turn_again() {
         "{between} rows of the backlog were written before the quiet partition's event"
     );
 
-    // Then backlogs of small batches on them: their turns against the partitions in fetch
-    // order.
+    // Then backlogs of small batches on them: they take turns for seats with the others.
     const SMALL: usize = 4_000;
     let small = events_in_each(MANY, 1, SMALL + 1, "small")
         .into_iter()
@@ -504,7 +512,7 @@ async fn partitions_caught_up_when_the_turns_end_are_taken_in_turn_again() {
     // Twelve partitions each side: half the rows each, fairly.
     let fair = QUIET as f64 / MANY as f64;
     eprintln!(
-        "of {rows} rows: the partitions in turn {in_turn:.3}, those in fetch order \
+        "of {rows} rows: the formerly quiet partitions {in_turn:.3}, the first backlogged \
          {in_fetch_order:.3} (fair {fair:.3} each side)"
     );
     assert!(
@@ -514,15 +522,63 @@ async fn partitions_caught_up_when_the_turns_end_are_taken_in_turn_again() {
     );
     assert!(
         in_turn >= fair / 2.0 && in_fetch_order >= fair / 2.0,
-        "the partitions in turn wrote {in_turn:.3} of {rows} rows, those in fetch order \
+        "the formerly quiet partitions wrote {in_turn:.3} of {rows} rows, the first backlogged \
          {in_fetch_order:.3}: each side at least half its fair share ({fair:.3})"
     );
-    // (Partitions whose backlog the service holds whole are caught up too, and taken in turn
-    // again: the gauge may be lower.)
-    let logs = app.logs();
-    assert!(
-        !logs.contains("taken in fetch order for good"),
-        "the partitions of small batches kept their queues:\n{logs}"
-    );
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+/// Megabyte batches on 24 partitions: the client's part of the default budget holds a seated
+/// queue's batches for a few of them, so under a slow database the backlogged partitions take
+/// turns for seats — each fetching for 500 records, the others paused — and every partition is
+/// written side by side, where fetch order wrote one fetched batch (some 5,000 records) after
+/// another: 24,000 rows came from four or five partitions. (With seven seats taken in turns of
+/// half a second rather than of records, two partitions got 576 rows each of 24,100 here.) The
+/// client stays within its part of the budget (seats counted as one batch each: 53.9 MB against
+/// 16.8), and every event is written once.
+#[actix_rt::test]
+async fn backlogged_partitions_of_megabyte_batches_take_turns_for_seats_under_a_slow_database() {
+    const EACH: usize = 12_000;
+    let mut app = megabyte_backlog_behind_a_slow_database(EACH, "seats").await;
+    app.wait_for_metrics(Duration::from_secs(60), |m| {
+        m.get("history_partitions_waiting_turn")
+            .is_some_and(|waiting| waiting > 0.0)
+    })
+    .await;
+    let before = rows_per_partition(&app, MANY).await;
+    // Six seconds of the slowed database at least: three slices of each seat.
+    const SPAN: i64 = 24_000;
+    let after = rows_until(&app, &before, SPAN).await;
+    let total = MANY as i64 * EACH as i64;
+    assert!(
+        after.values().all(|&rows| rows < EACH as i64),
+        "a partition's backlog ran out: the test proves nothing: {after:?}"
+    );
+    let gained: BTreeMap<i32, i64> = after
+        .iter()
+        .map(|(&partition, &rows)| (partition, rows - before[&partition]))
+        .collect();
+    let written: i64 = gained.values().sum();
+    let fair = written / MANY as i64;
+    eprintln!("{written} rows while the partitions took turns for seats: {gained:?}");
+    assert!(
+        gained.values().all(|&rows| rows >= fair / 4),
+        "every partition has at least a quarter of its share of the {written} rows written \
+         while the partitions take turns for seats: {gained:?}\n{}",
+        app.logs()
+    );
+    let (heap, limit) = client_heap_until_rows(&app, after.values().sum::<i64>() + 8_000).await;
+    eprintln!("seats: the client held at most {heap} bytes ({limit} its part)");
+    assert!(
+        heap <= limit,
+        "the Kafka client held {heap} bytes, over its part of the budget ({limit})\n{}",
+        app.logs()
+    );
+    app.db.unslow_writes().await;
+    app.wait_rows(total, Duration::from_secs(120)).await;
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(app.db.count("history_events").await, total);
+    assert_eq!(app.db.count("inbox").await, total);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+    assert_eq!(stopped_field(&app.logs(), "already_applied"), Some(0));
 }

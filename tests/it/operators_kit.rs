@@ -374,6 +374,7 @@ async fn the_dashboard_parses_and_queries_only_families_the_service_exports() {
         "history_committed_offset",
         "history_partitions_in_turn",
         "history_partitions_in_fetch_order",
+        "history_partitions_waiting_turn",
     ] {
         assert!(used.contains(shown), "the dashboard does not show {shown}");
     }

@@ -1,0 +1,394 @@
+//! Backlogged partitions taking turns for the client's part of the budget when their record
+//! batches are too large for every partition to hold one at once.
+//!
+//! A broker returns a partition's first record batch whole: with a megabyte per batch (what
+//! librdkafka's producers write a backlog in) the client's part of the default budget holds
+//! a batch for about half of 24 partitions. Taken in fetch order, the partitions are then
+//! written one run of a batch after another — under a slow database one at a time, the others
+//! waiting tens of seconds. Instead, at most `seats` backlogged partitions fetch at once, each
+//! for a `slice` of time; the rest wait, paused, in the order they began to wait. A partition
+//! whose slice ended gives its seat to the one that waited longest and waits in turn: the
+//! client drops what it had fetched of it beyond what was taken, and fetches it again from
+//! there when its turn comes. Pure: the caller pauses and resumes the partitions.
+//!
+//! The rotation costs a healthy drain what it re-reads (and the memory that churns), and
+//! there fetch order comes round to every partition within a second or two anyway. So it runs
+//! only while fetch order would not: while [`Pace`] says a round of one fetched batch of every
+//! backlogged partition, at the rate records are handed over, lasts longer than
+//! [`ROUND_ENGAGES`] (half the 5 s in which every partition is to get its share), and until it
+//! lasts less than half that.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// A round of fetch order longer than this starts the rotation.
+pub(crate) const ROUND_ENGAGES: Duration = Duration::from_millis(2500);
+
+/// How fast records are handed over, measured over a second or more.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pace {
+    since: Option<(Instant, u64)>,
+    per_second: Option<f64>,
+}
+
+impl Pace {
+    /// `handed` records were handed over in all by `now`.
+    pub(crate) fn sample(&mut self, now: Instant, handed: u64) {
+        let Some((then, before)) = self.since else {
+            self.since = Some((now, handed));
+            return;
+        };
+        let elapsed = now.saturating_duration_since(then);
+        if elapsed >= Duration::from_secs(1) {
+            self.per_second = Some(handed.saturating_sub(before) as f64 / elapsed.as_secs_f64());
+            self.since = Some((now, handed));
+        }
+    }
+
+    /// How long fetch order takes to hand over one batch of `batch_records` records of each of
+    /// `backlogged` partitions at this pace; unknown before a second was measured.
+    pub(crate) fn round(&self, backlogged: usize, batch_records: u64) -> Option<Duration> {
+        let per_second = self.per_second?;
+        let records = backlogged as f64 * batch_records as f64;
+        if records == 0.0 {
+            return Some(Duration::ZERO);
+        }
+        Some(Duration::from_secs_f64(
+            (records / per_second.max(1e-3)).min(1e6),
+        ))
+    }
+
+    /// Whether the rotation runs, given whether it ran: it starts when a round lasts longer
+    /// than [`ROUND_ENGAGES`] and stops when it lasts less than half that.
+    pub(crate) fn rotates(&self, rotating: bool, backlogged: usize, batch_records: u64) -> bool {
+        match self.round(backlogged, batch_records) {
+            None => rotating,
+            Some(round) if rotating => round >= ROUND_ENGAGES / 2,
+            Some(round) => round > ROUND_ENGAGES,
+        }
+    }
+}
+
+/// Which partitions hold a seat, since when, and which wait for one.
+#[derive(Debug, Clone)]
+pub(crate) struct Rotation<K> {
+    /// Each seated partition, when its seat began and how many records it handed over since.
+    seated: Vec<(K, Instant, u64)>,
+    waiting: VecDeque<K>,
+}
+
+impl<K> Default for Rotation<K> {
+    fn default() -> Self {
+        Rotation {
+            seated: Vec::new(),
+            waiting: VecDeque::new(),
+        }
+    }
+}
+
+/// The seats changing hands at one look: the partitions to pause and those to resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Swaps<K> {
+    pub(crate) leave: Vec<K>,
+    pub(crate) enter: Vec<K>,
+}
+
+impl<K> Default for Swaps<K> {
+    fn default() -> Self {
+        Swaps {
+            leave: Vec::new(),
+            enter: Vec::new(),
+        }
+    }
+}
+
+impl<K: Eq + Clone> Rotation<K> {
+    pub(crate) fn seated(&self) -> impl Iterator<Item = &K> {
+        self.seated.iter().map(|(partition, _, _)| partition)
+    }
+
+    pub(crate) fn waiting(&self) -> impl Iterator<Item = &K> {
+        self.waiting.iter()
+    }
+
+    pub(crate) fn waiting_len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub(crate) fn contains(&self, partition: &K) -> bool {
+        self.is_seated(partition) || self.is_waiting(partition)
+    }
+
+    pub(crate) fn is_seated(&self, partition: &K) -> bool {
+        self.seated.iter().any(|(seated, _, _)| seated == partition)
+    }
+
+    pub(crate) fn is_waiting(&self, partition: &K) -> bool {
+        self.waiting.contains(partition)
+    }
+
+    /// A backlogged partition joins, fetching: its slice begins `now`.
+    pub(crate) fn seat(&mut self, partition: K, now: Instant) {
+        self.remove(&partition);
+        self.seated.push((partition, now, 0));
+    }
+
+    /// A seated partition handed a record over.
+    pub(crate) fn handed(&mut self, partition: &K) {
+        if let Some((_, _, handed)) = self
+            .seated
+            .iter_mut()
+            .find(|(seated, _, _)| seated == partition)
+        {
+            *handed += 1;
+        }
+    }
+
+    /// A backlogged partition joins, paused, behind those already waiting.
+    pub(crate) fn wait(&mut self, partition: K) {
+        self.remove(&partition);
+        self.waiting.push_back(partition);
+    }
+
+    /// The partition leaves the rotation (revoked, or caught up with its log); returns
+    /// whether it was waiting (and so is still paused for its turn).
+    pub(crate) fn remove(&mut self, partition: &K) -> bool {
+        self.seated.retain(|(seated, _, _)| seated != partition);
+        let waited = self.waiting.contains(partition);
+        self.waiting.retain(|waiting| waiting != partition);
+        waited
+    }
+
+    /// The seats at `now`, with `seats` of them: seated partitions over the count give theirs up
+    /// (the longest seated first); then each whose turn ended — `quantum` records handed over,
+    /// or a `slice` of time (for one with little to give) — gives its seat to the partition that
+    /// waited longest, while one waits that was waiting before this look (a partition is not
+    /// paused and resumed in one look); then free seats are taken in the waiting order. A turn
+    /// is counted in records because records are taken in bursts, as the budget frees: a turn
+    /// of time would give a partition whatever burst fell into it.
+    pub(crate) fn turn(
+        &mut self,
+        now: Instant,
+        seats: usize,
+        quantum: u64,
+        slice: Duration,
+    ) -> Swaps<K> {
+        let seats = seats.max(1);
+        let mut swaps = Swaps::default();
+        // Longest seated first.
+        self.seated.sort_by_key(|&(_, since, _)| since);
+        let waited_before = self.waiting.len();
+        let mut entered = 0;
+        while self.seated.len() > seats {
+            let (partition, _, _) = self.seated.remove(0);
+            self.waiting.push_back(partition.clone());
+            swaps.leave.push(partition);
+        }
+        let ended = |&(_, since, handed): &(K, Instant, u64)| {
+            handed >= quantum || now.saturating_duration_since(since) >= slice
+        };
+        let mut at = 0;
+        while at < self.seated.len() && entered < waited_before {
+            if !ended(&self.seated[at]) {
+                at += 1;
+                continue;
+            }
+            let (partition, _, _) = self.seated.remove(at);
+            let next = self
+                .waiting
+                .pop_front()
+                .expect("one waited before this look");
+            entered += 1;
+            self.waiting.push_back(partition.clone());
+            swaps.leave.push(partition);
+            // Appended: not looked at again in this look.
+            self.seated.push((next.clone(), now, 0));
+            swaps.enter.push(next);
+        }
+        while self.seated.len() < seats && entered < waited_before {
+            let Some(next) = self.waiting.pop_front() else {
+                break;
+            };
+            entered += 1;
+            self.seated.push((next.clone(), now, 0));
+            swaps.enter.push(next);
+        }
+        swaps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SLICE: Duration = Duration::from_secs(1);
+
+    fn rotation(seated: &[u8], waiting: &[u8], at: Instant) -> Rotation<u8> {
+        let mut rotation = Rotation::default();
+        for &partition in seated {
+            rotation.seat(partition, at);
+        }
+        for &partition in waiting {
+            rotation.wait(partition);
+        }
+        rotation
+    }
+
+    #[test]
+    fn free_seats_are_taken_in_the_order_the_partitions_began_to_wait() {
+        let start = Instant::now();
+        let mut rotation = rotation(&[], &[3, 1, 2], start);
+        let swaps = rotation.turn(start, 2, u64::MAX, SLICE);
+        assert_eq!(swaps.enter, vec![3, 1]);
+        assert!(swaps.leave.is_empty());
+        assert_eq!(rotation.waiting().copied().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn a_seat_changes_hands_when_its_slice_ends_and_not_before() {
+        let start = Instant::now();
+        let mut rotation = rotation(&[0, 1], &[2, 3], start);
+        assert_eq!(
+            rotation.turn(start + SLICE / 2, 2, u64::MAX, SLICE),
+            Swaps::default()
+        );
+        let swaps = rotation.turn(start + SLICE, 2, u64::MAX, SLICE);
+        assert_eq!(swaps.leave, vec![0, 1]);
+        assert_eq!(swaps.enter, vec![2, 3]);
+        assert_eq!(rotation.waiting().copied().collect::<Vec<_>>(), vec![0, 1]);
+        // The newly seated keep their seats for a whole slice.
+        assert_eq!(
+            rotation.turn(start + SLICE + SLICE / 2, 2, u64::MAX, SLICE),
+            Swaps::default()
+        );
+        let swaps = rotation.turn(start + 2 * SLICE, 2, u64::MAX, SLICE);
+        assert_eq!(swaps.enter, vec![0, 1]);
+    }
+
+    #[test]
+    fn a_seat_changes_hands_when_its_quantum_of_records_was_handed_over() {
+        let start = Instant::now();
+        let mut rotation = rotation(&[0, 1], &[2], start);
+        for _ in 0..99 {
+            rotation.handed(&1);
+        }
+        assert_eq!(rotation.turn(start, 2, 100, SLICE), Swaps::default());
+        rotation.handed(&1);
+        rotation.handed(&2); // waiting: not counted
+        let swaps = rotation.turn(start, 2, 100, SLICE);
+        assert_eq!(swaps.leave, vec![1]);
+        assert_eq!(swaps.enter, vec![2]);
+        // 2's count starts at nothing.
+        for _ in 0..99 {
+            rotation.handed(&2);
+        }
+        assert_eq!(rotation.turn(start, 2, 100, SLICE), Swaps::default());
+    }
+
+    #[test]
+    fn nobody_waiting_leaves_every_seat_as_it_is() {
+        let start = Instant::now();
+        let mut rotation = rotation(&[0, 1], &[], start);
+        assert_eq!(
+            rotation.turn(start + 10 * SLICE, 2, u64::MAX, SLICE),
+            Swaps::default()
+        );
+        assert_eq!(rotation.seated().count(), 2);
+    }
+
+    #[test]
+    fn fewer_seats_send_the_longest_seated_to_wait() {
+        let start = Instant::now();
+        let mut rotation = rotation(&[0], &[], start);
+        rotation.seat(1, start + SLICE / 4);
+        rotation.seat(2, start + SLICE / 2);
+        let swaps = rotation.turn(start + SLICE / 2, 1, u64::MAX, SLICE);
+        assert_eq!(swaps.leave, vec![0, 1]);
+        assert!(swaps.enter.is_empty(), "{swaps:?}");
+        assert_eq!(rotation.seated().copied().collect::<Vec<_>>(), vec![2]);
+    }
+
+    #[test]
+    fn a_partition_is_not_sent_to_wait_and_seated_again_in_one_look() {
+        let start = Instant::now();
+        // One waits; both seated ones' slices ended: one swap only.
+        let mut rotation = rotation(&[0, 1], &[2], start);
+        let swaps = rotation.turn(start + SLICE, 2, u64::MAX, SLICE);
+        assert_eq!(swaps.leave, vec![0]);
+        assert_eq!(swaps.enter, vec![2]);
+        assert!(swaps.leave.iter().all(|left| !swaps.enter.contains(left)));
+    }
+
+    #[test]
+    fn the_rotation_runs_while_a_round_of_fetch_order_is_long_and_stops_when_it_is_short() {
+        let start = Instant::now();
+        let mut pace = Pace::default();
+        pace.sample(start, 0);
+        assert!(!pace.rotates(false, 23, 5_000), "no pace measured yet");
+        assert!(pace.rotates(true, 23, 5_000), "no pace measured yet");
+        // 5,000 records a second: 23 batches of 5,000 take 23 s.
+        pace.sample(start + Duration::from_secs(1), 5_000);
+        assert_eq!(pace.round(23, 5_000), Some(Duration::from_secs(23)));
+        assert!(pace.rotates(false, 23, 5_000));
+        // A healthy database, 100,000 a second: 1.15 s.
+        pace.sample(start + Duration::from_secs(2), 105_000);
+        assert!(!pace.rotates(false, 23, 5_000));
+        assert!(!pace.rotates(true, 23, 5_000));
+        // Between the two thresholds the rotation keeps what it did: 2 s.
+        pace.sample(start + Duration::from_secs(3), 162_500);
+        assert!(pace.rotates(true, 23, 5_000));
+        assert!(!pace.rotates(false, 23, 5_000));
+        // Nothing handed over (the database away): a round never ends.
+        pace.sample(start + Duration::from_secs(4), 162_500);
+        assert!(pace.rotates(false, 2, 5_000));
+        // Nothing backlogged: no round.
+        assert!(!pace.rotates(true, 0, 5_000));
+        // Samples less than a second apart are folded into the next.
+        pace.sample(start + Duration::from_millis(4_500), 200_000);
+        assert!(pace.rotates(false, 2, 5_000));
+    }
+
+    proptest! {
+        /// Whatever the looks, every partition is seated or waiting, once; never more seated
+        /// than the seats; and every backlogged partition is seated at least once in every
+        /// (partitions ÷ seats + 1) slices, each as long as the looks make it.
+        #[test]
+        fn every_partition_gets_a_seat_within_a_round_of_slices(
+            partitions in 1u8..40,
+            seats in 1usize..16,
+            looks_per_slice in 1u32..8,
+        ) {
+            let start = Instant::now();
+            let mut rotation = Rotation::default();
+            for partition in 0..partitions {
+                rotation.wait(partition);
+            }
+            let step = SLICE / looks_per_slice;
+            let mut last_seated = vec![start; partitions as usize];
+            let rounds = (partitions as u32).div_ceil(seats as u32) + 1;
+            // A slice ends at the first look at or after its end.
+            let bound = (SLICE + step) * rounds + step;
+            for look in 0..(looks_per_slice * 3 * rounds) {
+                let now = start + step * look;
+                let swaps = rotation.turn(now, seats, u64::MAX, SLICE);
+                for partition in &swaps.leave {
+                    prop_assert!(!swaps.enter.contains(partition));
+                }
+                prop_assert!(rotation.seated().count() <= seats);
+                let mut all: Vec<u8> = rotation.seated().chain(rotation.waiting()).copied().collect();
+                all.sort();
+                prop_assert_eq!(all, (0..partitions).collect::<Vec<_>>());
+                for &partition in rotation.seated() {
+                    last_seated[partition as usize] = now;
+                }
+                for (partition, &seen) in last_seated.iter().enumerate() {
+                    prop_assert!(
+                        now.duration_since(seen) <= bound,
+                        "partition {} waited {:?} (bound {:?})", partition, now.duration_since(seen), bound
+                    );
+                }
+            }
+        }
+    }
+}
