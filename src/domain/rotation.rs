@@ -13,22 +13,28 @@
 //!
 //! The rotation costs a healthy drain what it re-reads (and the memory that churns), and
 //! there fetch order comes round to every partition within a second or two anyway. So it runs
-//! only while fetch order would not: while [`Pace`] says a round of one fetched batch of every
-//! backlogged partition, at the rate records are handed over, lasts longer than
-//! [`ROUND_ENGAGES`] (half the 5 s in which every partition is to get its share), and until it
-//! lasts less than half that.
+//! only while fetch order would not: from when [`Pace`] says, twice in a row, that a round of
+//! one fetched batch of every backlogged partition, at the rate records are handed over, lasts
+//! longer than [`ROUND_ENGAGES`] (within the 5 s in which every partition is to get its share;
+//! a healthy drain on a busy machine measures a round of two or three seconds), until it lasts
+//! less than half that. A turn lasts at least [`TURN_LEAST`]: turns as short as a healthy
+//! database makes 500 records would re-read most of every fetched batch.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// A round of fetch order longer than this starts the rotation.
-pub(crate) const ROUND_ENGAGES: Duration = Duration::from_millis(2500);
+/// A round of fetch order longer than this, measured twice in a row, starts the rotation.
+pub(crate) const ROUND_ENGAGES: Duration = Duration::from_secs(4);
 
-/// How fast records are handed over, measured over a second or more.
+/// The shortest turn of a seat, whatever was handed over in it.
+pub(crate) const TURN_LEAST: Duration = Duration::from_millis(500);
+
+/// How fast records are handed over, measured over a second or more: the last two measurements.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Pace {
     since: Option<(Instant, u64)>,
     per_second: Option<f64>,
+    per_second_before: Option<f64>,
 }
 
 impl Pace {
@@ -40,6 +46,7 @@ impl Pace {
         };
         let elapsed = now.saturating_duration_since(then);
         if elapsed >= Duration::from_secs(1) {
+            self.per_second_before = self.per_second;
             self.per_second = Some(handed.saturating_sub(before) as f64 / elapsed.as_secs_f64());
             self.since = Some((now, handed));
         }
@@ -48,25 +55,31 @@ impl Pace {
     /// How long fetch order takes to hand over one batch of `batch_records` records of each of
     /// `backlogged` partitions at this pace; unknown before a second was measured.
     pub(crate) fn round(&self, backlogged: usize, batch_records: u64) -> Option<Duration> {
-        let per_second = self.per_second?;
-        let records = backlogged as f64 * batch_records as f64;
-        if records == 0.0 {
-            return Some(Duration::ZERO);
-        }
-        Some(Duration::from_secs_f64(
-            (records / per_second.max(1e-3)).min(1e6),
-        ))
+        Some(round_at(self.per_second?, backlogged, batch_records))
     }
 
     /// Whether the rotation runs, given whether it ran: it starts when a round lasts longer
-    /// than [`ROUND_ENGAGES`] and stops when it lasts less than half that.
+    /// than [`ROUND_ENGAGES`] by the last two measurements (one second of records taken in a
+    /// burst, as the budget frees, does not start it) and stops when it lasts less than half
+    /// that by the last.
     pub(crate) fn rotates(&self, rotating: bool, backlogged: usize, batch_records: u64) -> bool {
-        match self.round(backlogged, batch_records) {
-            None => rotating,
-            Some(round) if rotating => round >= ROUND_ENGAGES / 2,
-            Some(round) => round > ROUND_ENGAGES,
+        let Some(round) = self.round(backlogged, batch_records) else {
+            return rotating;
+        };
+        if rotating {
+            return round >= ROUND_ENGAGES / 2;
         }
+        let before = self
+            .per_second_before
+            .map(|per_second| round_at(per_second, backlogged, batch_records));
+        round > ROUND_ENGAGES && before.is_some_and(|before| before > ROUND_ENGAGES)
     }
+}
+
+/// How long `backlogged` batches of `batch_records` take at `per_second` records a second.
+fn round_at(per_second: f64, backlogged: usize, batch_records: u64) -> Duration {
+    let records = backlogged as f64 * batch_records as f64;
+    Duration::from_secs_f64((records / per_second.max(1e-3)).min(1e6))
 }
 
 /// Which partitions hold a seat, since when, and which wait for one.
@@ -160,8 +173,8 @@ impl<K: Eq + Clone> Rotation<K> {
     }
 
     /// The seats at `now`, with `seats` of them: seated partitions over the count give theirs up
-    /// (the longest seated first); then each whose turn ended — `quantum` records handed over,
-    /// or a `slice` of time (for one with little to give) — gives its seat to the partition that
+    /// (the longest seated first); then each whose turn ended — `quantum` records handed over
+    /// in at least `least` of time, or a `slice` of time (for one with little to give) — gives its seat to the partition that
     /// waited longest, while one waits that was waiting before this look (a partition is not
     /// paused and resumed in one look); then free seats are taken in the waiting order. A turn
     /// is counted in records because records are taken in bursts, as the budget frees: a turn
@@ -171,6 +184,7 @@ impl<K: Eq + Clone> Rotation<K> {
         now: Instant,
         seats: usize,
         quantum: u64,
+        least: Duration,
         slice: Duration,
     ) -> Swaps<K> {
         let seats = seats.max(1);
@@ -185,7 +199,8 @@ impl<K: Eq + Clone> Rotation<K> {
             swaps.leave.push(partition);
         }
         let ended = |&(_, since, handed): &(K, Instant, u64)| {
-            handed >= quantum || now.saturating_duration_since(since) >= slice
+            let seated_for = now.saturating_duration_since(since);
+            (handed >= quantum && seated_for >= least) || seated_for >= slice
         };
         let mut at = 0;
         while at < self.seated.len() && entered < waited_before {
@@ -239,7 +254,7 @@ mod tests {
     fn free_seats_are_taken_in_the_order_the_partitions_began_to_wait() {
         let start = Instant::now();
         let mut rotation = rotation(&[], &[3, 1, 2], start);
-        let swaps = rotation.turn(start, 2, u64::MAX, SLICE);
+        let swaps = rotation.turn(start, 2, u64::MAX, Duration::ZERO, SLICE);
         assert_eq!(swaps.enter, vec![3, 1]);
         assert!(swaps.leave.is_empty());
         assert_eq!(rotation.waiting().copied().collect::<Vec<_>>(), vec![2]);
@@ -250,19 +265,25 @@ mod tests {
         let start = Instant::now();
         let mut rotation = rotation(&[0, 1], &[2, 3], start);
         assert_eq!(
-            rotation.turn(start + SLICE / 2, 2, u64::MAX, SLICE),
+            rotation.turn(start + SLICE / 2, 2, u64::MAX, Duration::ZERO, SLICE),
             Swaps::default()
         );
-        let swaps = rotation.turn(start + SLICE, 2, u64::MAX, SLICE);
+        let swaps = rotation.turn(start + SLICE, 2, u64::MAX, Duration::ZERO, SLICE);
         assert_eq!(swaps.leave, vec![0, 1]);
         assert_eq!(swaps.enter, vec![2, 3]);
         assert_eq!(rotation.waiting().copied().collect::<Vec<_>>(), vec![0, 1]);
         // The newly seated keep their seats for a whole slice.
         assert_eq!(
-            rotation.turn(start + SLICE + SLICE / 2, 2, u64::MAX, SLICE),
+            rotation.turn(
+                start + SLICE + SLICE / 2,
+                2,
+                u64::MAX,
+                Duration::ZERO,
+                SLICE
+            ),
             Swaps::default()
         );
-        let swaps = rotation.turn(start + 2 * SLICE, 2, u64::MAX, SLICE);
+        let swaps = rotation.turn(start + 2 * SLICE, 2, u64::MAX, Duration::ZERO, SLICE);
         assert_eq!(swaps.enter, vec![0, 1]);
     }
 
@@ -273,17 +294,39 @@ mod tests {
         for _ in 0..99 {
             rotation.handed(&1);
         }
-        assert_eq!(rotation.turn(start, 2, 100, SLICE), Swaps::default());
+        assert_eq!(
+            rotation.turn(start, 2, 100, Duration::ZERO, SLICE),
+            Swaps::default()
+        );
         rotation.handed(&1);
         rotation.handed(&2); // waiting: not counted
-        let swaps = rotation.turn(start, 2, 100, SLICE);
+        let swaps = rotation.turn(start, 2, 100, Duration::ZERO, SLICE);
         assert_eq!(swaps.leave, vec![1]);
         assert_eq!(swaps.enter, vec![2]);
         // 2's count starts at nothing.
         for _ in 0..99 {
             rotation.handed(&2);
         }
-        assert_eq!(rotation.turn(start, 2, 100, SLICE), Swaps::default());
+        assert_eq!(
+            rotation.turn(start, 2, 100, Duration::ZERO, SLICE),
+            Swaps::default()
+        );
+    }
+
+    #[test]
+    fn a_quantum_handed_over_quickly_keeps_the_seat_for_the_least_turn() {
+        let start = Instant::now();
+        let least = SLICE / 2;
+        let mut rotation = rotation(&[0], &[1], start);
+        for _ in 0..100 {
+            rotation.handed(&0);
+        }
+        assert_eq!(
+            rotation.turn(start + least / 2, 1, 100, least, SLICE),
+            Swaps::default()
+        );
+        let swaps = rotation.turn(start + least, 1, 100, least, SLICE);
+        assert_eq!((swaps.leave, swaps.enter), (vec![0], vec![1]));
     }
 
     #[test]
@@ -291,7 +334,7 @@ mod tests {
         let start = Instant::now();
         let mut rotation = rotation(&[0, 1], &[], start);
         assert_eq!(
-            rotation.turn(start + 10 * SLICE, 2, u64::MAX, SLICE),
+            rotation.turn(start + 10 * SLICE, 2, u64::MAX, Duration::ZERO, SLICE),
             Swaps::default()
         );
         assert_eq!(rotation.seated().count(), 2);
@@ -303,7 +346,7 @@ mod tests {
         let mut rotation = rotation(&[0], &[], start);
         rotation.seat(1, start + SLICE / 4);
         rotation.seat(2, start + SLICE / 2);
-        let swaps = rotation.turn(start + SLICE / 2, 1, u64::MAX, SLICE);
+        let swaps = rotation.turn(start + SLICE / 2, 1, u64::MAX, Duration::ZERO, SLICE);
         assert_eq!(swaps.leave, vec![0, 1]);
         assert!(swaps.enter.is_empty(), "{swaps:?}");
         assert_eq!(rotation.seated().copied().collect::<Vec<_>>(), vec![2]);
@@ -314,38 +357,46 @@ mod tests {
         let start = Instant::now();
         // One waits; both seated ones' slices ended: one swap only.
         let mut rotation = rotation(&[0, 1], &[2], start);
-        let swaps = rotation.turn(start + SLICE, 2, u64::MAX, SLICE);
+        let swaps = rotation.turn(start + SLICE, 2, u64::MAX, Duration::ZERO, SLICE);
         assert_eq!(swaps.leave, vec![0]);
         assert_eq!(swaps.enter, vec![2]);
         assert!(swaps.leave.iter().all(|left| !swaps.enter.contains(left)));
     }
 
     #[test]
-    fn the_rotation_runs_while_a_round_of_fetch_order_is_long_and_stops_when_it_is_short() {
+    fn the_rotation_starts_on_two_long_rounds_in_a_row_and_stops_on_a_short_one() {
         let start = Instant::now();
+        let second = |n: u64| start + Duration::from_secs(n);
         let mut pace = Pace::default();
         pace.sample(start, 0);
         assert!(!pace.rotates(false, 23, 5_000), "no pace measured yet");
         assert!(pace.rotates(true, 23, 5_000), "no pace measured yet");
-        // 5,000 records a second: 23 batches of 5,000 take 23 s.
-        pace.sample(start + Duration::from_secs(1), 5_000);
+        // 5,000 records a second: 23 batches of 5,000 take 23 s; once is not enough.
+        pace.sample(second(1), 5_000);
         assert_eq!(pace.round(23, 5_000), Some(Duration::from_secs(23)));
+        assert!(!pace.rotates(false, 23, 5_000));
+        pace.sample(second(2), 10_000);
         assert!(pace.rotates(false, 23, 5_000));
         // A healthy database, 100,000 a second: 1.15 s.
-        pace.sample(start + Duration::from_secs(2), 105_000);
+        pace.sample(second(3), 110_000);
         assert!(!pace.rotates(false, 23, 5_000));
         assert!(!pace.rotates(true, 23, 5_000));
-        // Between the two thresholds the rotation keeps what it did: 2 s.
-        pace.sample(start + Duration::from_secs(3), 162_500);
+        // A long round after a short one does not start it.
+        pace.sample(second(4), 115_000);
+        assert!(!pace.rotates(false, 23, 5_000));
+        // Between the two thresholds the rotation keeps what it did: 3 s, twice.
+        pace.sample(second(5), 153_333);
+        pace.sample(second(6), 191_666);
         assert!(pace.rotates(true, 23, 5_000));
         assert!(!pace.rotates(false, 23, 5_000));
         // Nothing handed over (the database away): a round never ends.
-        pace.sample(start + Duration::from_secs(4), 162_500);
+        pace.sample(second(7), 191_666);
+        pace.sample(second(8), 191_666);
         assert!(pace.rotates(false, 2, 5_000));
         // Nothing backlogged: no round.
         assert!(!pace.rotates(true, 0, 5_000));
         // Samples less than a second apart are folded into the next.
-        pace.sample(start + Duration::from_millis(4_500), 200_000);
+        pace.sample(start + Duration::from_millis(8_500), 300_000);
         assert!(pace.rotates(false, 2, 5_000));
     }
 
@@ -371,7 +422,7 @@ mod tests {
             let bound = (SLICE + step) * rounds + step;
             for look in 0..(looks_per_slice * 3 * rounds) {
                 let now = start + step * look;
-                let swaps = rotation.turn(now, seats, u64::MAX, SLICE);
+                let swaps = rotation.turn(now, seats, u64::MAX, Duration::ZERO, SLICE);
                 for partition in &swaps.leave {
                     prop_assert!(!swaps.enter.contains(partition));
                 }

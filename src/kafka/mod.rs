@@ -39,7 +39,7 @@ pub use context::{RebalanceEvent, SupervisorContext};
 
 use crate::config::{ConfigError, GroupProtocol, KafkaSettings};
 use crate::domain::budget::{Fetch, Held, Split};
-use crate::domain::rotation::{Pace, Rotation};
+use crate::domain::rotation::{Pace, Rotation, TURN_LEAST};
 use crate::domain::{Record, TopicPartition};
 use intake::Intake;
 use passed_over::HandedOver;
@@ -606,8 +606,8 @@ impl Polling {
                 round_ms = ?self.pace.round(joining.len() + in_rotation, self.batch_records).map(|round| round.as_millis()),
                 seats = turns.seats(self.largest_batch),
                 "backlogged partitions take turns for seats: in fetch order one batch of each \
-                 would take longer than 2.5 s to be handed over at this pace, and the partitions \
-                 whose batches came last would wait as long"
+                 would take longer than 4 s to be handed over at this pace (measured twice in a \
+                 row), and the partitions whose batches came last would wait as long"
             );
         }
         for tp in joining {
@@ -648,7 +648,7 @@ impl Polling {
         let seats = turns.seats(self.largest_batch);
         let swaps = self
             .rotation
-            .turn(now, seats, ROTATION_QUANTUM, ROTATION_SLICE);
+            .turn(now, seats, ROTATION_QUANTUM, TURN_LEAST, ROTATION_SLICE);
         if !swaps.leave.is_empty() || !swaps.enter.is_empty() {
             let consumer = self.consumer.clone();
             self.intake.flow(|flow| {
@@ -746,10 +746,10 @@ impl Polling {
              its share of the client's part of pipeline.max_in_flight_bytes; producers' batches \
              reach a megabyte writing a backlog), and a batch like it in \
              each partition's queue would exceed the budget. Records are taken in the order they \
-             were fetched; when that would take over 2.5 s to come round to every backlogged \
+             were fetched; when that would take over 4 s to come round to every backlogged \
              partition (a slow database), they take turns for seats: as many fetch at once as \
              the client's part of the budget holds batches of this size, each for 500 records \
-             or a second while others wait, paused (what the client fetched of a partition \
+             (half a second at least) or a second while others wait, paused (what the client fetched of a partition \
              past what was taken is fetched again at its next turn). Raise \
              pipeline.max_in_flight_bytes to the value named for every partition to take turns \
              at once with batches of this size"

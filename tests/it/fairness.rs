@@ -505,7 +505,9 @@ async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() 
     while in_turn_rows(&moving) < in_turn_rows(&started) + 500 {
         moving = rows_until(&app, &moving, 100).await;
     }
-    let after = rows_until(&app, &moving, 4_800).await;
+    // Three rounds of the seats (24 partitions × 500 records each): a window shorter than two
+    // could fall on turns of one side only.
+    let after = rows_until(&app, &moving, 36_000).await;
     let rows = (after.values().sum::<i64>() - moving.values().sum::<i64>()) as f64;
     let in_turn = (in_turn_rows(&after) - in_turn_rows(&moving)) as f64 / rows;
     let in_fetch_order = 1.0 - in_turn;
