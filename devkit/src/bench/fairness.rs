@@ -99,6 +99,9 @@ pub struct Shares {
     pub full_windows: usize,
     /// Windows in which some partition got less than half its fair share.
     pub below_half: usize,
+    /// Where the last of them starts, seconds into the phase: whether they were the first
+    /// windows only (before the service could know the database is slow) or all along.
+    pub last_below_half_at: Option<f64>,
     /// The smallest share of any partition in any window; `None` without a window.
     pub min: Option<MinShare>,
 }
@@ -145,6 +148,7 @@ pub fn shares(samples: &[Sample], backlogged: &[usize], totals: &[u64], window: 
         windows: 0,
         full_windows: 0,
         below_half: 0,
+        last_below_half_at: None,
         min: None,
     };
     let Some(first) = first_rows(samples, backlogged) else {
@@ -186,6 +190,7 @@ pub fn shares(samples: &[Sample], backlogged: &[usize], totals: &[u64], window: 
         }
         if below {
             result.below_half += 1;
+            result.last_below_half_at = Some(samples[start].at);
         }
     }
     result
@@ -279,7 +284,7 @@ impl FairnessReport {
         let s = &self.shares;
         out.push_str(&format!(
             "  shares over {:.0} s windows (sliding by {:.1} s): {} windows ({} with every \
-             partition backlogged), min share {:.2}{}, below half its share in {} ({:.0}%)\n",
+             partition backlogged), min share {:.2}{}, below half its share in {} ({:.0}%){}\n",
             WINDOW.as_secs_f64(),
             SAMPLE_EVERY.as_secs_f64(),
             s.windows,
@@ -290,7 +295,9 @@ impl FairnessReport {
                 min.partition, min.at
             )),
             s.below_half,
-            s.below_half_fraction() * 100.0
+            s.below_half_fraction() * 100.0,
+            s.last_below_half_at
+                .map_or(String::new(), |at| format!(", the last from {at:.1} s"))
         ));
         out.push_str(&format!(
             "  quiet partition {}: an event every {} ms, {} sent while the others drained: \
@@ -368,7 +375,7 @@ impl FairnessReport {
         format!(
             "RESULT phase=fairness partitions={} slowed_eps={:.0} min_share={:.2} \
              windows_below_half={:.2} quiet_p50_ms={:.1} quiet_p99_ms={:.1} quiet_max_ms={:.1} \
-             events={} unslowed_eps={:.0} windows={} full_windows={}",
+             events={} unslowed_eps={:.0} windows={} full_windows={} last_below_half_s={}",
             self.partitions,
             self.slowed_eps,
             self.shares.min_share(),
@@ -379,7 +386,10 @@ impl FairnessReport {
             self.events,
             self.unslowed_eps,
             self.shares.windows,
-            self.shares.full_windows
+            self.shares.full_windows,
+            self.shares
+                .last_below_half_at
+                .map_or("none".to_owned(), |at| format!("{at:.1}"))
         )
     }
 }
@@ -947,6 +957,7 @@ mod tests {
         assert_eq!(shares.windows, 2);
         assert_eq!(shares.full_windows, 2);
         assert_eq!(shares.below_half, 0);
+        assert_eq!(shares.last_below_half_at, None);
         assert!((shares.min_share() - 1.0).abs() < 1e-9);
         assert!((drain_rate(&s, &BACKLOGGED) - 40.0).abs() < 1e-9);
     }
@@ -966,6 +977,7 @@ mod tests {
         // gets nothing.
         assert_eq!(shares.windows, 3);
         assert_eq!(shares.below_half, 2);
+        assert_eq!(shares.last_below_half_at, Some(1.5));
         assert_eq!(
             shares.min,
             Some(MinShare {
