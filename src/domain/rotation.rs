@@ -124,6 +124,15 @@ impl<K: Eq + Clone> Rotation<K> {
         self.waiting.iter()
     }
 
+    /// The partitions seated or waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.seated.len() + self.waiting.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub(crate) fn waiting_len(&self) -> usize {
         self.waiting.len()
     }

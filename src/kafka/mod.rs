@@ -586,7 +586,7 @@ impl Polling {
             .cloned()
             .collect();
         self.pace.sample(now, self.handed_count);
-        let in_rotation = self.rotation.seated().count() + self.rotation.waiting_len();
+        let in_rotation = self.rotation.len();
         let rotates = self.pace.rotates(
             self.rotating,
             joining.len() + in_rotation,
@@ -779,8 +779,9 @@ impl Polling {
         let splits = self.consumer.context().planned_turns().is_some();
         crate::metrics::set_partitions_in_fetch_order(self.carried.len());
         crate::metrics::set_partitions_waiting_turn(self.rotation.waiting_len());
-        let rotating = self.rotation.seated().next().is_some() || self.rotation.waiting_len() > 0;
-        crate::metrics::set_partitions_in_turn(splits && self.carried.is_empty() && !rotating);
+        crate::metrics::set_partitions_in_turn(
+            splits && self.carried.is_empty() && self.rotation.is_empty(),
+        );
     }
 
     /// Opens the queues of assigned partitions, drops those of revoked ones.
