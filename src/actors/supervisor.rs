@@ -24,16 +24,19 @@ use crate::domain::PartitionMap;
 use crate::domain::flow::{Changes, FlowPolicy};
 use crate::health::DatabaseBehind;
 use crate::kafka::commit_worker::CommitWorker;
-use crate::kafka::intake;
+use crate::kafka::intake::{self, RoomWait};
 use crate::kafka::reset_watch::ResetWatch;
 use crate::kafka::topic_watch::TopicWatch;
 use crate::kafka::{HistoryConsumer, KafkaItem, RebalanceEvent, item_stream};
 
-/// Longest the stream waits for room in the budget before it pauses every partition and polls
+/// Least the stream waits for room in the budget before it pauses every partition and polls
 /// the client for rebalance callbacks alone. Far above a healthy write (tens of milliseconds),
-/// so that pausing — which discards what the client prefetched — is for a database that is
-/// down or slow, and short enough that a rebalance waits little for this member.
-const ROOM_MAX_WAIT: Duration = Duration::from_millis(500);
+/// so that pausing — which discards what the client prefetched — is for a database that
+/// stopped, and short enough that a rebalance waits little for this member.
+const ROOM_LEAST_WAIT: Duration = Duration::from_millis(500);
+/// Most it waits when room came slowly lately (a database slowed, not stopped, whose batches
+/// each take longer than the least wait): what a rebalance may wait for this member then.
+const ROOM_MOST_WAIT: Duration = Duration::from_secs(2);
 
 pub(crate) struct KafkaSupervisor {
     phase: Phase,
@@ -264,7 +267,11 @@ impl Actor for KafkaSupervisor {
         ctx.set_mailbox_capacity(1024);
         if let Some(client) = self.phase.client() {
             let intake = self.pipeline.intake().clone();
-            let stream = item_stream(client.consumer.clone(), intake, ROOM_MAX_WAIT);
+            let stream = item_stream(
+                client.consumer.clone(),
+                intake,
+                RoomWait::new(ROOM_LEAST_WAIT, ROOM_MOST_WAIT),
+            );
             let fetching = ctx.add_stream(stream);
             self.advance(|phase| (phase.consuming(fetching), ()));
         }

@@ -13,6 +13,7 @@ pub(crate) mod fair_queue;
 pub(crate) mod flow;
 pub mod linger;
 pub mod outcome;
+pub(crate) mod room_patience;
 pub(crate) mod rotation;
 pub(crate) mod traces;
 pub(crate) mod turns;

@@ -20,6 +20,7 @@ use tracing::warn;
 
 use crate::domain::budget::{Budget, Held, Level, Limits, record_cost};
 use crate::domain::flow::{Changes, FlowPolicy};
+use crate::domain::room_patience::RoomPatience;
 use crate::domain::{Record, TopicPartition};
 
 /// What the service holds of what it fetched, and the fetching decisions.
@@ -142,6 +143,56 @@ impl Intake {
     }
 }
 
+/// The record stream's wait for room, which outlives the stream's turns (a tick or a
+/// notification interrupts it, and must not restart it) and the instance's pause: a wait that
+/// paused the instance is measured until fetching resumes, so that a database slower than the
+/// least wait teaches the [`RoomPatience`] its pace (over-measured by the wait for half of the
+/// budget, which errs towards not pausing it again, within the most).
+#[derive(Debug)]
+pub(crate) struct RoomWait {
+    since: Option<tokio::time::Instant>,
+    patience: RoomPatience,
+}
+
+impl RoomWait {
+    /// A wait for room pauses the instance after `least`, or after longer — up to `most` — when
+    /// room came that slowly lately.
+    pub(crate) fn new(least: Duration, most: Duration) -> Self {
+        RoomWait {
+            since: None,
+            patience: RoomPatience::new(least, most),
+        }
+    }
+
+    /// Returns true once the budget has room, false when the wait under way outlasted the
+    /// pace room came at lately: the instance pauses then, and the wait goes on until fetching
+    /// resumes and this is called again.
+    pub(crate) async fn room(&mut self, intake: &Intake) -> bool {
+        if self.since.is_none() && intake.has_room() {
+            return true;
+        }
+        let since = *self.since.get_or_insert_with(tokio::time::Instant::now);
+        let deadline = since + self.patience.limit(since.into_std());
+        if !intake.room_by(deadline).await {
+            return false;
+        }
+        self.came(since);
+        true
+    }
+
+    /// How long the wait under way lasts before the instance pauses.
+    pub(crate) fn limit(&mut self) -> Duration {
+        let since = self.since.unwrap_or_else(tokio::time::Instant::now);
+        self.patience.limit(since.into_std())
+    }
+
+    fn came(&mut self, since: tokio::time::Instant) {
+        let now = tokio::time::Instant::now();
+        self.patience.waited(now.into_std(), now - since);
+        self.since = None;
+    }
+}
+
 /// Tells the client what a fetching decision changed.
 pub(crate) fn apply<C: ConsumerContext>(
     consumer: &impl Consumer<C>,
@@ -237,6 +288,52 @@ mod tests {
         let started = tokio::time::Instant::now();
         assert!(!intake.room(Duration::from_millis(500)).await);
         assert_eq!(started.elapsed(), Duration::from_millis(500));
+    }
+
+    const LEAST: Duration = Duration::from_millis(500);
+    const MOST: Duration = Duration::from_secs(2);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_interrupted_goes_on_from_where_it_began() {
+        let intake = intake(1, 1 << 20);
+        let _held = intake.take(&record(1));
+        let mut wait = RoomWait::new(LEAST, MOST);
+        let started = tokio::time::Instant::now();
+        // A tick of the stream interrupts the wait after 300 ms.
+        let interrupted =
+            tokio::time::timeout(Duration::from_millis(300), wait.room(&intake)).await;
+        assert!(interrupted.is_err());
+        assert!(!wait.room(&intake).await);
+        assert_eq!(started.elapsed(), LEAST, "not 300 ms more than the least");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_that_paused_the_instance_teaches_the_pace_of_a_slow_database() {
+        let intake = intake(1, 1 << 20);
+        let held = intake.take(&record(1));
+        let mut wait = RoomWait::new(LEAST, MOST);
+        assert!(!wait.room(&intake).await, "no room within the least wait");
+        // The batch commits 0.7 s after the wait began; fetching resumes.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(held);
+        assert!(wait.room(&intake).await);
+        // Batches take 0.7 s: the next waits end with room, none pauses.
+        for _ in 0..3 {
+            let held = intake.take(&record(1));
+            let release = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                drop(held);
+            });
+            let started = tokio::time::Instant::now();
+            assert!(wait.room(&intake).await, "paused for a batch of 0.7 s");
+            assert_eq!(started.elapsed(), Duration::from_millis(700));
+            release.await.unwrap();
+        }
+        // Hung: paused within the most.
+        let _held = intake.take(&record(1));
+        let started = tokio::time::Instant::now();
+        assert!(!wait.room(&intake).await);
+        assert_eq!(started.elapsed(), MOST);
     }
 
     #[tokio::test(start_paused = true)]

@@ -41,7 +41,7 @@ use crate::config::{ConfigError, GroupProtocol, KafkaSettings};
 use crate::domain::budget::{Fetch, Held, Split};
 use crate::domain::rotation::{Pace, Rotation, TURN_LEAST};
 use crate::domain::{Record, TopicPartition};
-use intake::Intake;
+use intake::{Intake, RoomWait};
 use passed_over::HandedOver;
 use split_queues::{SplitQueue, SplitQueues};
 use watermark_queries::WatermarkQueries;
@@ -331,13 +331,13 @@ const RECORDS_PER_TURN: usize = 1024;
 /// its own (`split_queues`), one partition's record after another's, until a batch of it is
 /// larger than its turn allows: it is then taken from the consumer queue, in fetch order with
 /// the others given back, the consumer queue taking a turn for each. A record is taken from
-/// the client only while the `intake` has room; when it had none for `max_wait`, every
-/// partition is paused and the client polled for callbacks alone until the service holds half
-/// of its budget (`intake`).
-pub fn item_stream(
+/// the client only while the `intake` has room; when it had none for longer than the pace room
+/// came at lately (`room_wait`: at least its least wait), every partition is paused and the
+/// client polled for callbacks alone until the service holds half of its budget (`intake`).
+pub(crate) fn item_stream(
     consumer: Arc<HistoryConsumer>,
     intake: Arc<Intake>,
-    max_wait: Duration,
+    room_wait: RoomWait,
 ) -> impl Stream<Item = Vec<KafkaItem>> {
     let mut positions = tokio::time::interval(PASSED_OVER_CHECK);
     positions.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -360,7 +360,7 @@ pub fn item_stream(
         handed: HandedOver::default(),
         positions,
         main_due: tokio::time::Instant::now(),
-        room_deadline: None,
+        room_wait,
     };
     futures::stream::unfold(state, move |mut state| async move {
         let mut check_positions = false;
@@ -377,7 +377,7 @@ pub fn item_stream(
                 check_seats = true;
                 None
             }
-            received = next_record(&state.consumer, &state.intake, &mut state.split, &mut state.main_due, &mut state.room_deadline, max_wait) => received,
+            received = next_record(&state.consumer, &state.intake, &mut state.split, &mut state.main_due, &mut state.room_wait) => received,
         };
         let mut items = Vec::new();
         state.rebalances(&mut items);
@@ -445,9 +445,9 @@ struct Polling {
     positions: tokio::time::Interval,
     /// When the consumer queue is next polled even though partition queues have records.
     main_due: tokio::time::Instant,
-    /// When the wait for room under way ends (and the instance pauses): kept across the ticks
-    /// that interrupt it, which would otherwise restart it for good.
-    room_deadline: Option<tokio::time::Instant>,
+    /// The wait for room under way, kept across the ticks that interrupt it, which would
+    /// otherwise restart it for good, and how long it lasts before the instance pauses.
+    room_wait: RoomWait,
 }
 
 impl Polling {
@@ -905,15 +905,11 @@ async fn next_record(
     intake: &Intake,
     split: &mut SplitQueues<HistoryConsumer>,
     main_due: &mut tokio::time::Instant,
-    room_deadline: &mut Option<tokio::time::Instant>,
-    max_wait: Duration,
+    room_wait: &mut RoomWait,
 ) -> Option<Taken> {
     let wake = split.wake();
     if !intake.flow(|flow| flow.is_instance_paused()) {
-        let deadline = *room_deadline.get_or_insert_with(|| tokio::time::Instant::now() + max_wait);
-        let room = intake.room_by(deadline).await;
-        *room_deadline = None;
-        if room {
+        if room_wait.room(intake).await {
             // Rebalance callbacks run only where the consumer queue is polled, and the
             // partitions' own queues may never run dry (a backlog behind a database slower than
             // the broker): it is polled, without waiting, at least this often all the same.
@@ -946,6 +942,7 @@ async fn next_record(
         metrics::counter!(crate::metrics::INSTANCE_PAUSES_TOTAL).increment(1);
         tracing::debug!(
             level = ?intake.level(),
+            waited = ?room_wait.limit(),
             "the budget stayed full: fetching paused until half of it is free"
         );
     }

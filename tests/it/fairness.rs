@@ -439,7 +439,9 @@ async fn rows_until(app: &TestApp, before: &BTreeMap<i32, i64>, more: i64) -> BT
 /// run of the turns' earlier form).
 #[actix_rt::test]
 async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() {
-    const EACH: usize = 12_000;
+    // More than the budget (8,000 records) and the rows written before the seats begin can
+    // take of one partition in fetch order: every backlogged partition takes turns for seats.
+    const EACH: usize = 20_000;
     // Partitions 0–11 backlogged with megabyte batches, 12–23 quiet.
     const QUIET: i32 = MANY / 2;
     let mut app = TestApp::prepare(|o| {
@@ -461,11 +463,19 @@ async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() 
     .await;
     // The backlogged partitions take turns for seats; the quiet ones, and they alone, stay in
     // fetch order.
-    app.wait_for_metrics(Duration::from_secs(30), |m| {
-        m.get("history_partitions_in_fetch_order") == Some(QUIET as f64)
-            && m.get("history_partitions_in_turn") == Some(0.0)
-    })
-    .await;
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(30), |m| {
+            m.get("history_partitions_waiting_turn") > Some(0.0)
+                && m.get("history_partitions_in_fetch_order") >= Some(QUIET as f64)
+                && m.get("history_partitions_in_turn") == Some(0.0)
+        })
+        .await;
+    assert_eq!(
+        metrics.get("history_partitions_in_fetch_order"),
+        Some(QUIET as f64),
+        "a backlogged partition stayed in fetch order:\n{}",
+        app.logs()
+    );
 
     // A new event on the last quiet partition.
     let quiet = events_in_each(MANY, 0, 1, "quiet")

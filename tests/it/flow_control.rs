@@ -8,6 +8,7 @@ use std::time::Duration;
 use history_devkit::test_app::TestApp;
 use history_devkit::workload::{self, PlannedRecord, RecordKind, event_payload};
 
+use crate::common::events_in_each;
 use crate::stuck_events::{planned, reject_ticket_poison};
 
 /// Payload bytes of each record: far above the ≈ 0.5 KB of a ticket event.
@@ -384,6 +385,103 @@ async fn a_paused_partition_revoked_and_assigned_again_flows_again() {
     first.wait_committed(Duration::from_secs(60)).await;
     assert_eq!(first.db.count("history_events").await, 3000);
     assert_eq!(first.stop(), Some(0), "{}", first.logs());
+}
+
+/// Times every partition was paused because the budget stayed full: a hard requirement, the
+/// service exports the counter from its start.
+async fn instance_pauses(app: &TestApp) -> f64 {
+    app.metrics()
+        .await
+        .get("history_instance_pauses_total")
+        .expect("history_instance_pauses_total is exported")
+}
+
+/// Holds every write of `app`'s service on a lock this session takes on `inbox`, until the
+/// transaction is rolled back.
+async fn hang_writes(client: &mut tokio_postgres::Client) -> tokio_postgres::Transaction<'_> {
+    let lock = client.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    lock
+}
+
+/// A database slower than the intake's least wait for room, but writing: one writer, whose
+/// every batch takes 0.7 s. The instance pauses while it learns that pace (its first wait), not
+/// at every batch after — each pause throws away what the client prefetched, fetches it again,
+/// and cuts the partitions' turns short, for no rebalance at all. Then the database hangs, after
+/// a hang of eight seconds it just came back from: the instance pauses all the same, within the
+/// most the intake waits (two seconds) although its last wait for room lasted eight.
+#[actix_rt::test]
+async fn a_slow_database_pauses_the_instance_while_its_pace_is_learned_and_a_hung_one_within_the_most_wait()
+ {
+    const PARTITIONS: i32 = 3;
+    const EACH: usize = 300;
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = PARTITIONS;
+        o.env("HISTORY__PIPELINE__WRITERS", "1")
+            .env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "50")
+            .env("HISTORY__PIPELINE__MAX_IN_FLIGHT", "200")
+            .env("HISTORY__DATABASE__STATEMENT_TIMEOUT_MS", "30000");
+    })
+    .await;
+    app.produce(&events_in_each(PARTITIONS, 0, EACH, "paced"))
+        .await;
+    app.db.slow_each_write(0.7).await;
+    app.start();
+
+    // Its first wait for room is a batch long, longer than the least wait: one pause, which
+    // says the database was slower than that.
+    app.wait_rows(150, Duration::from_secs(60)).await;
+    let learned = instance_pauses(&app).await;
+    assert!(
+        learned >= 1.0,
+        "the first wait for room outlasted half a second: {learned} pauses"
+    );
+    app.wait_rows(400, Duration::from_secs(60)).await;
+    assert_eq!(
+        instance_pauses(&app).await,
+        learned,
+        "a database writing a batch every 0.7 s paused the instance again after its pace was \
+         learned:\n{}",
+        app.logs()
+    );
+
+    // Hung for eight seconds: paused (the wait outlasts the pace), then room comes.
+    let mut locker = app.db.client().await;
+    let lock = hang_writes(&mut locker).await;
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_instance_pauses_total") > Some(learned)
+    })
+    .await;
+    let hung_at = std::time::Instant::now();
+    while hung_at.elapsed() < Duration::from_secs(8) {
+        assert!(
+            app.db.lock_waiters().await >= 1,
+            "the writer waits on the lock"
+        );
+        actix_rt::time::sleep(Duration::from_millis(200)).await;
+    }
+    let written = app.db.count("history_events").await;
+    lock.rollback().await.unwrap();
+    // Fetching resumes once half of the budget (100 records) is free: two batches.
+    app.wait_rows(written + 150, Duration::from_secs(30)).await;
+
+    // Hung again right away: the last wait lasted eight seconds, and three times that would
+    // leave the budget full and the client unpolled for half a minute.
+    let paused = instance_pauses(&app).await;
+    let lock = hang_writes(&mut locker).await;
+    app.wait_for_metrics(Duration::from_secs(8), |m| {
+        m.get("history_instance_pauses_total") > Some(paused)
+    })
+    .await;
+    lock.rollback().await.unwrap();
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(
+        app.db.count("history_events").await,
+        PARTITIONS as i64 * EACH as i64
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
 /// Payload bytes of each compressible record: a ticket event with a long note.
