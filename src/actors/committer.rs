@@ -8,8 +8,9 @@
 //! is retried even on a partition that went idle. A revoke or a drain first lets the affected
 //! partitions' in-flight records resolve (bounded by its deadline), then answers with the
 //! positions to commit; waiting is driven by the resolutions themselves, not by polling. It
-//! does not wait for a parked event (one the database rejects by itself, [`Parked`]): that
-//! would only hold up the handover — and, for a revoke, every partition of the instance, which
+//! does not wait for a parked event (one the database rejects by itself, [`Parked`]) between
+//! its retries, only while a retry writes it ([`RetryBegins`]): waiting longer would only hold
+//! up the handover — and, for a revoke, every partition of the instance, which
 //! librdkafka keeps paused while a rebalance callback runs. For the same reason a revoke first
 //! takes back the revoked partitions' jobs that no writer has started ([`Withdrawn`]), writes
 //! again only those below what other writers have written or are writing, and leaves the rest
@@ -28,8 +29,9 @@ use tracing::{debug, error, info, warn};
 use super::dispatcher::Dispatcher;
 use super::messages::{
     Admit, AdmitReply, AttachKafka, CommitOffsets, CommitPosition, CommitReason, CommitResult,
-    Drain, DrainReport, Epoch, Inherit, InspectWindows, Lost, Parked, Resolved, Revoke,
-    StaleOutcomes, TopicPartition, WindowSnapshot, WindowState, WindowUpdate, Withdrawn, WriteJob,
+    Drain, DrainReport, Epoch, Inherit, InspectWindows, Lost, Parked, Resolved, RetryBegins,
+    Revoke, StaleOutcomes, TopicPartition, WindowSnapshot, WindowState, WindowUpdate, Withdrawn,
+    WriteJob,
 };
 use crate::domain::PartitionMap;
 use crate::metrics;
@@ -745,6 +747,26 @@ impl Handler<Parked> for OffsetCommitter {
         if let Some(window) = self.windows.get_mut(&parked.tp) {
             window.set_aside(parked.epoch, [(parked.generation, parked.offset)]);
             self.wake_waiters();
+        }
+    }
+}
+
+impl Handler<RetryBegins> for OffsetCommitter {
+    type Result = bool;
+
+    fn handle(&mut self, RetryBegins(retry): RetryBegins, _: &mut Context<Self>) -> bool {
+        if self.is_closed(&retry.tp, retry.epoch) {
+            return false;
+        }
+        match self.windows.get_mut(&retry.tp) {
+            Some(window)
+                if window.epoch == retry.epoch
+                    && window.window.is_unresolved(retry.offset, retry.generation) =>
+            {
+                window.set_aside.remove(&retry.offset);
+                true
+            }
+            _ => false,
         }
     }
 }

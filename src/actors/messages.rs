@@ -174,11 +174,20 @@ pub struct Withdrawn {
 
 /// DbWriter → OffsetCommitter: the database rejects this event by itself; its writer retries
 /// it alone, and its partition's position waits at its offset. A revoke or a drain does not
-/// wait for it: it would not resolve in their time, and waiting would only hold up the rest
-/// (a revoke, every partition of the instance). Its next reader tries it again.
+/// wait for it between its retries: it would not resolve in their time, and waiting would only
+/// hold up the rest (a revoke, every partition of the instance). Its next reader tries it again.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Parked(pub ResolvedOffset);
+
+/// DbWriter → OffsetCommitter: a parked event's retry begins. Answered whether its assignment
+/// is still open; if it is, the event is awaited again until the retry settles (`Parked` again,
+/// or `Resolved`), so a revoke that comes meanwhile waits for the retry's write like any write
+/// under way (within its deadline) instead of handing the partition over while the old owner
+/// still writes the event.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct RetryBegins(pub ResolvedOffset);
 
 /// Shutdown: wait until nothing is in flight (or the deadline passes), then report the
 /// positions to commit. Admitting stops: later Admit requests are rejected.

@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use super::batch::{Job, Rejection, rejection, write_dead_letters, write_events};
 use super::committer::OffsetCommitter;
-use super::messages::{DecodedEvent, InspectWindows, ResolvedOffset};
+use super::messages::{DecodedEvent, ResolvedOffset, RetryBegins};
 use crate::domain::backoff::Backoff;
 use crate::domain::values::SET_ASIDE;
 use crate::kafka::dead_letter_topic::DeadLetterPublisher;
@@ -113,14 +113,10 @@ impl ParkedEvent {
             replica,
         } = with;
         async move {
+            // From here until it settles the retry is a write under way: a revoke waits for it.
             let assigned = committer
-                .send(InspectWindows)
+                .send(RetryBegins(job.position()))
                 .await
-                .map(|windows| {
-                    windows
-                        .iter()
-                        .any(|window| window.tp == job.tp && window.epoch == job.epoch)
-                })
                 .unwrap_or(true);
             if !assigned {
                 return Retry::Revoked;

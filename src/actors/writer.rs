@@ -288,7 +288,11 @@ impl DbWriter {
             match parked.settle(result, &writer.stats, &writer.settings.replica) {
                 Settled::Done(Some(resolved)) => writer.report(vec![resolved]),
                 Settled::Done(None) => {}
-                Settled::Again => writer.retry_parked_later(parked, ctx),
+                Settled::Again => {
+                    // Between retries nothing waits for it again.
+                    writer.committer.do_send(Parked(parked.position()));
+                    writer.retry_parked_later(parked, ctx)
+                }
             }
         }));
     }

@@ -179,6 +179,8 @@ mod pipeline_level {
     use history_service::actors::messages::{Record, TopicPartition};
     use history_service::metrics::Stats;
 
+    use history_service::actors::messages::Revoke;
+
     use crate::common::{TestDb, test_settings};
     use crate::mock_kafka::{Harness, RevokePartition};
 
@@ -236,9 +238,11 @@ mod pipeline_level {
             actix_rt::time::sleep(Duration::from_millis(10)).await;
         }
 
+        // A retry under way when the revoke comes is waited for (its write fails: the
+        // constraint is still there); the deadline only bounds that wait.
         let positions = harness
             .kafka
-            .send(RevokePartition(tp.clone(), Duration::from_millis(200)))
+            .send(RevokePartition(tp.clone(), Duration::from_secs(10)))
             .await
             .unwrap();
         assert_eq!(positions[0].offset, 3, "handed over at the stuck offset");
@@ -263,6 +267,96 @@ mod pipeline_level {
             actix_rt::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(db.count("history_events").await, 9);
+        harness.stop();
+    }
+
+    /// A retry of a parked event that is writing it when its partition is revoked is a write
+    /// under way: the revoke waits for it, and hands the partition over behind the event it
+    /// wrote — not at the event's offset while the old owner still writes it.
+    #[actix_rt::test]
+    async fn a_retry_writing_when_its_partition_is_revoked_is_waited_for() {
+        let db = TestDb::migrated().await;
+        db.client()
+            .await
+            .batch_execute(
+                "ALTER TABLE history_events ADD CONSTRAINT stuck CHECK (event_id <> 'evt-3')",
+            )
+            .await
+            .unwrap();
+        let mut settings =
+            test_settings("postgres://unused@127.0.0.1/unused", "x:9092", "g", "t").pipeline;
+        settings.commit_interval_ms = 3_600_000;
+        let stats = Stats::new();
+        let harness = Harness::start(Pipeline::start(&settings, db.pool(8), stats.clone()));
+        let tp = TopicPartition::new("t", 0);
+        harness.assign(&tp, 1).await;
+        harness.inject(&tp, records(0..10)).await;
+        wait_position(&harness, 3).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while db.count("history_events").await < 9 {
+            assert!(Instant::now() < deadline, "the good events are not written");
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        // Hold the table so that the next retry stops inside its write.
+        let mut holder = db.client().await;
+        let hold = holder.transaction().await.unwrap();
+        hold.batch_execute("LOCK TABLE history_events IN ACCESS EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        let watcher = db.client().await;
+        let deadline = Instant::now() + settings.retry_max() * 3 + Duration::from_secs(10);
+        loop {
+            let blocked: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                       AND query ILIKE '%history_events%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if blocked > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no retry came to write the event"
+            );
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let (early_tx, early) = std::sync::mpsc::sync_channel(1);
+        let revoke = harness.pipeline.committer().send(Revoke {
+            partitions: vec![(tp.clone(), 1)],
+            deadline: Duration::from_secs(20),
+            early: Some(early_tx),
+            reply: None,
+        });
+        let revoke = actix_rt::spawn(revoke);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let handed_early = loop {
+            if let Ok(positions) = early.try_recv() {
+                break positions;
+            }
+            assert!(Instant::now() < deadline, "the revoke never began");
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(handed_early[0].offset, 3, "resolved before the revoke");
+
+        // The revoke has begun while the retry writes; now the write goes through.
+        hold.batch_execute("ALTER TABLE history_events DROP CONSTRAINT stuck")
+            .await
+            .unwrap();
+        hold.commit().await.unwrap();
+        let positions = revoke.await.unwrap().unwrap();
+        assert_eq!(
+            positions[0].offset, 10,
+            "handed over behind the event its retry wrote during the revoke (and the rest, \
+             written before)"
+        );
+        assert_eq!(db.count("history_events").await, 10);
         harness.stop();
     }
 }
