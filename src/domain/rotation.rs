@@ -17,8 +17,15 @@
 //! one fetched batch of every backlogged partition, at the rate records are handed over, lasts
 //! longer than [`ROUND_ENGAGES`] (within the 5 s in which every partition is to get its share;
 //! a healthy drain on a busy machine measures a round of two or three seconds), until it lasts
-//! less than half that. A turn lasts at least [`TURN_LEAST`]: turns as short as a healthy
-//! database makes 500 records would re-read most of every fetched batch.
+//! less than half that.
+//!
+//! A turn is a quantum of records ([`Pace::quantum`]): as many as make a round of every
+//! backlogged partition's turn last [`ROUND_AIMED`] at the pace records are handed over, so
+//! that every 5 s window holds a whole turn of each, however slow the database (a fixed 500
+//! records made rounds of 5–7 s at 2,000–3,000 events/s) — and a turn counted in records
+//! gives each seat the same, where one counted in time gets whatever burst of room falls into
+//! it. A turn lasts at least [`TURN_LEAST`], so that a quick pace's turns do not re-read most
+//! of every fetched batch, and a seat's slice at most.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -27,7 +34,14 @@ use std::time::{Duration, Instant};
 pub(crate) const ROUND_ENGAGES: Duration = Duration::from_secs(4);
 
 /// The shortest turn of a seat, whatever was handed over in it.
-pub(crate) const TURN_LEAST: Duration = Duration::from_millis(500);
+pub(crate) const TURN_LEAST: Duration = Duration::from_millis(250);
+
+/// How long a round of the seats is aimed to last: half the 5 s in which every partition is to
+/// get its share, so that every such window holds a whole turn of each backlogged partition.
+pub(crate) const ROUND_AIMED: Duration = Duration::from_millis(2_500);
+
+/// The fewest records of a turn: fewer would re-read a fetched batch for little.
+pub(crate) const QUANTUM_LEAST: u64 = 100;
 
 /// How fast records are handed over, measured over a second or more: the last two measurements.
 #[derive(Debug, Clone, Default)]
@@ -56,6 +70,25 @@ impl Pace {
     /// `backlogged` partitions at this pace; unknown before a second was measured.
     pub(crate) fn round(&self, backlogged: usize, batch_records: u64) -> Option<Duration> {
         Some(round_at(self.per_second?, backlogged, batch_records))
+    }
+
+    /// How many records a seat hands over in its turn so that the turns of `backlogged`
+    /// partitions come round in [`ROUND_AIMED`] at this pace: the seats share the pace, so a
+    /// round of turns of a quantum each lasts `backlogged × quantum ÷ pace`, however many
+    /// seats there are. [`QUANTUM_LEAST`] at least, and a batch of `batch_records` at most (a
+    /// turn of a whole batch re-reads nothing); a batch before the pace is known. The pace of
+    /// the last two seconds: room frees in bursts of a writer's batch, a few a second, so one
+    /// second's count swings by a third.
+    pub(crate) fn quantum(&self, backlogged: usize, batch_records: u64) -> u64 {
+        let most = batch_records.max(QUANTUM_LEAST);
+        let Some(last) = self.per_second else {
+            return most;
+        };
+        let per_second = self
+            .per_second_before
+            .map_or(last, |before| (last + before) / 2.0);
+        let aimed = per_second * ROUND_AIMED.as_secs_f64() / backlogged.max(1) as f64;
+        (aimed.min(most as f64) as u64).max(QUANTUM_LEAST)
     }
 
     /// Whether the rotation runs, given whether it ran: it starts when a round lasts longer
@@ -407,6 +440,36 @@ mod tests {
         // Samples less than a second apart are folded into the next.
         pace.sample(start + Duration::from_millis(8_500), 300_000);
         assert!(pace.rotates(false, 2, 5_000));
+    }
+
+    #[test]
+    fn a_turns_quantum_makes_a_round_of_every_backlogged_partition_last_the_aimed_time() {
+        let start = Instant::now();
+        let mut pace = Pace::default();
+        assert_eq!(
+            pace.quantum(23, 5_300),
+            5_300,
+            "a batch before the pace is known"
+        );
+        pace.sample(start, 0);
+        pace.sample(start + Duration::from_secs(1), 2_300);
+        // 2,300 records a second, 23 partitions: 250 each make a round of 2.5 s.
+        let quantum = pace.quantum(23, 5_300);
+        assert_eq!(quantum, 250);
+        let round = 23.0 * quantum as f64 / 2_300.0;
+        assert!((round - ROUND_AIMED.as_secs_f64()).abs() < 0.01, "{round}");
+        // Fewer partitions backlogged: longer turns, the same round.
+        assert_eq!(pace.quantum(5, 5_300), 1_150);
+        // Never more than a batch (re-read nothing), never fewer than the least.
+        assert_eq!(pace.quantum(1, 1_000), 1_000);
+        assert_eq!(pace.quantum(200, 5_300), QUANTUM_LEAST);
+        // The pace of the last two seconds: 2,300 then 4,600.
+        pace.sample(start + Duration::from_secs(2), 6_900);
+        assert_eq!(pace.quantum(23, 5_300), 375);
+        // Nothing handed over (the database away) for two seconds: the least.
+        pace.sample(start + Duration::from_secs(3), 6_900);
+        pace.sample(start + Duration::from_secs(4), 6_900);
+        assert_eq!(pace.quantum(23, 5_300), QUANTUM_LEAST);
     }
 
     proptest! {

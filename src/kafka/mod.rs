@@ -646,9 +646,10 @@ impl Polling {
             }
         }
         let seats = turns.seats(self.largest_batch);
+        let quantum = self.pace.quantum(self.rotation.len(), self.batch_records);
         let swaps = self
             .rotation
-            .turn(now, seats, ROTATION_QUANTUM, TURN_LEAST, ROTATION_SLICE);
+            .turn(now, seats, quantum, TURN_LEAST, ROTATION_SLICE);
         if !swaps.leave.is_empty() || !swaps.enter.is_empty() {
             let consumer = self.consumer.clone();
             self.intake.flow(|flow| {
@@ -671,6 +672,7 @@ impl Polling {
                 left = ?swaps.leave,
                 entered = ?swaps.enter,
                 seats,
+                quantum,
                 waiting = self.rotation.waiting_len(),
                 "seats of the rotation changed hands"
             );
@@ -748,8 +750,9 @@ impl Polling {
              each partition's queue would exceed the budget. Records are taken in the order they \
              were fetched; when that would take over 4 s to come round to every backlogged \
              partition (a slow database), they take turns for seats: as many fetch at once as \
-             the client's part of the budget holds batches of this size, each for 500 records \
-             (half a second at least) or a second while others wait, paused (what the client fetched of a partition \
+             the client's part of the budget holds batches of this size, each for as many \
+             records as make a round of every backlogged partition's turn last 2.5 s (a quarter \
+             of a second at least) or a second while others wait, paused (what the client fetched of a partition \
              past what was taken is fetched again at its next turn). Raise \
              pipeline.max_in_flight_bytes to the value named for every partition to take turns \
              at once with batches of this size"
@@ -855,13 +858,10 @@ impl Taken {
     }
 }
 
-/// How often the seats of the rotation are looked at, after the turns ended.
-const ROTATION_CHECK: Duration = Duration::from_millis(250);
-
-/// How many records a backlogged partition hands over in one turn of its seat while others
-/// wait for one: with 23 backlogged partitions and 5 seats (megabyte batches at the default
-/// budget) and a database writing 5,000 events/s, a round of the seats takes 2.3 s.
-const ROTATION_QUANTUM: u64 = 500;
+/// How often the seats of the rotation are looked at, after the turns ended: often enough
+/// beside turns of a few hundred milliseconds that a turn is not a look longer than its
+/// quantum (looks every 250 ms made turns of 0.5 s last 0.75 s).
+const ROTATION_CHECK: Duration = Duration::from_millis(100);
 
 /// The longest a backlogged partition keeps its seat while others wait, whatever it handed
 /// over (a database far slower, or a partition whose window is full).
