@@ -213,8 +213,17 @@ mod pipeline_level {
         }
     }
 
-    #[actix_rt::test]
-    async fn a_stuck_event_of_a_revoked_partition_is_left_to_its_next_owner() {
+    /// A pipeline over partition `t`/0 (epoch 1) whose event at offset 3 the database rejects
+    /// by itself, parked, with the nine others written.
+    struct Stuck {
+        db: TestDb,
+        settings: history_service::config::PipelineSettings,
+        stats: std::sync::Arc<Stats>,
+        harness: Harness,
+        tp: TopicPartition,
+    }
+
+    async fn stuck_at_offset_3() -> Stuck {
         let db = TestDb::migrated().await;
         db.client()
             .await
@@ -237,6 +246,24 @@ mod pipeline_level {
             assert!(Instant::now() < deadline, "the good events are not written");
             actix_rt::time::sleep(Duration::from_millis(10)).await;
         }
+        Stuck {
+            db,
+            settings,
+            stats,
+            harness,
+            tp,
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_stuck_event_of_a_revoked_partition_is_left_to_its_next_owner() {
+        let Stuck {
+            db,
+            settings,
+            stats,
+            harness,
+            tp,
+        } = stuck_at_offset_3().await;
 
         // A retry under way when the revoke comes is waited for (its write fails: the
         // constraint is still there); the deadline only bounds that wait.
@@ -275,28 +302,13 @@ mod pipeline_level {
     /// wrote — not at the event's offset while the old owner still writes it.
     #[actix_rt::test]
     async fn a_retry_writing_when_its_partition_is_revoked_is_waited_for() {
-        let db = TestDb::migrated().await;
-        db.client()
-            .await
-            .batch_execute(
-                "ALTER TABLE history_events ADD CONSTRAINT stuck CHECK (event_id <> 'evt-3')",
-            )
-            .await
-            .unwrap();
-        let mut settings =
-            test_settings("postgres://unused@127.0.0.1/unused", "x:9092", "g", "t").pipeline;
-        settings.commit_interval_ms = 3_600_000;
-        let stats = Stats::new();
-        let harness = Harness::start(Pipeline::start(&settings, db.pool(8), stats.clone()));
-        let tp = TopicPartition::new("t", 0);
-        harness.assign(&tp, 1).await;
-        harness.inject(&tp, records(0..10)).await;
-        wait_position(&harness, 3).await;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while db.count("history_events").await < 9 {
-            assert!(Instant::now() < deadline, "the good events are not written");
-            actix_rt::time::sleep(Duration::from_millis(10)).await;
-        }
+        let Stuck {
+            db,
+            settings,
+            stats: _,
+            harness,
+            tp,
+        } = stuck_at_offset_3().await;
 
         // Hold the table so that the next retry stops inside its write.
         let mut holder = db.client().await;
