@@ -351,3 +351,145 @@ impl SentCommits {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    const GROUP: &str = "members-that-come-back";
+    const JOIN_GROUP: i16 = 11;
+    const HEARTBEAT: i16 = 12;
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    /// The mock holds a rebalance a second less than this for members to join: the test's
+    /// steps between the second member's two joins fit in it many times over.
+    const SESSION_TIMEOUT_MS: i32 = 6_000;
+    /// How long any one answer may take: a bound, not a pace.
+    const PATIENCE: Duration = Duration::from_secs(20);
+
+    fn string(out: &mut Vec<u8>, text: &str) {
+        out.extend_from_slice(&(text.len() as i16).to_be_bytes());
+        out.extend_from_slice(text.as_bytes());
+    }
+
+    /// A request of header version 1 (non-flexible), size first.
+    fn request(api_key: i16, api_version: i16, correlation_id: i32, body: &[u8]) -> Vec<u8> {
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&api_key.to_be_bytes());
+        frame.extend_from_slice(&api_version.to_be_bytes());
+        frame.extend_from_slice(&correlation_id.to_be_bytes());
+        string(&mut frame, "broker-test");
+        frame.extend_from_slice(body);
+        let mut sized = (frame.len() as i32).to_be_bytes().to_vec();
+        sized.extend(frame);
+        sized
+    }
+
+    /// JoinGroup v1 for `member`, one protocol with empty metadata.
+    fn join_group(member: &str, correlation_id: i32) -> Vec<u8> {
+        let mut body = Vec::new();
+        string(&mut body, GROUP);
+        body.extend_from_slice(&SESSION_TIMEOUT_MS.to_be_bytes());
+        body.extend_from_slice(&SESSION_TIMEOUT_MS.to_be_bytes());
+        string(&mut body, member);
+        string(&mut body, "consumer");
+        body.extend_from_slice(&1i32.to_be_bytes());
+        string(&mut body, "range");
+        body.extend_from_slice(&0i32.to_be_bytes());
+        request(JOIN_GROUP, 1, correlation_id, &body)
+    }
+
+    /// Heartbeat v0 of `member` in generation 1.
+    fn heartbeat(member: &str, correlation_id: i32) -> Vec<u8> {
+        let mut body = Vec::new();
+        string(&mut body, GROUP);
+        body.extend_from_slice(&1i32.to_be_bytes());
+        string(&mut body, member);
+        request(HEARTBEAT, 0, correlation_id, &body)
+    }
+
+    fn connect(broker: &EmbeddedBroker) -> TcpStream {
+        let stream = TcpStream::connect(broker.proxy(1).expect("a proxied broker").addr())
+            .expect("the proxy accepts");
+        stream.set_read_timeout(Some(PATIENCE)).unwrap();
+        stream
+    }
+
+    /// Sends `frame` and reads the answer's body after its correlation id.
+    fn round_trip(stream: &mut TcpStream, frame: &[u8]) -> Vec<u8> {
+        stream.write_all(frame).expect("the request is sent");
+        read_answer(stream)
+    }
+
+    fn read_answer(stream: &mut TcpStream) -> Vec<u8> {
+        let mut size = [0u8; 4];
+        stream
+            .read_exact(&mut size)
+            .expect("an answer within the patience");
+        let mut answer = vec![0u8; i32::from_be_bytes(size) as usize];
+        stream.read_exact(&mut answer).expect("the whole answer");
+        answer.split_off(4)
+    }
+
+    /// JoinGroup v1's answer: its error code, and the member id it names.
+    fn joined(answer: &[u8]) -> (i16, String) {
+        let error = i16::from_be_bytes([answer[0], answer[1]]);
+        let mut at = 2 + 4; // the error, the generation
+        for _ in 0..2 {
+            // the protocol's name, the leader's id
+            at += 2 + i16::from_be_bytes([answer[at], answer[at + 1]]).max(0) as usize;
+        }
+        let length = i16::from_be_bytes([answer[at], answer[at + 1]]) as usize;
+        let member = String::from_utf8_lossy(&answer[at + 2..at + 2 + length]).into_owned();
+        (error, member)
+    }
+
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// librdkafka's mock stops reading a member's connection while its JoinGroup waits for the
+    /// group, so it would not see a client's FIN there; the member joining again on a new
+    /// connection then aborts the broker. Through the proxy the closed connection is reset, the
+    /// mock lets the first join go, and the second is the member's.
+    #[test]
+    fn a_member_that_joins_again_on_a_new_connection_after_closing_its_pending_join_is_let_in() {
+        let broker = EmbeddedBroker::start_proxied(1).expect("the cluster starts");
+        let mut first = connect(&broker);
+        let (error, member) = joined(&round_trip(&mut first, &join_group("first", 1)));
+        assert_eq!((error, member.as_str()), (0, "first"));
+
+        // The second member's join waits for the first to join again, which it does not yet.
+        let mut pending = connect(&broker);
+        pending.write_all(&join_group("second", 1)).unwrap();
+        let mut correlation = 1;
+        until("the broker holds the second member's join", || {
+            correlation += 1;
+            let answer = round_trip(&mut first, &heartbeat("second", correlation));
+            i16::from_be_bytes([answer[0], answer[1]]) != UNKNOWN_MEMBER_ID
+        });
+
+        pending.set_nonblocking(true).unwrap();
+        let unanswered = pending.peek(&mut [0u8; 1]);
+        assert!(
+            matches!(&unanswered, Err(err) if err.kind() == std::io::ErrorKind::WouldBlock),
+            "the join was to be pending when its client closes it: {unanswered:?}"
+        );
+        drop(pending);
+        until("the proxy closed the connection its client closed", || {
+            broker.proxy(1).unwrap().open_connections() == 1
+        });
+
+        // Without the reset the mock aborts here, its first join's answer still held.
+        let mut again = connect(&broker);
+        let (error, member) = joined(&round_trip(&mut again, &join_group("second", 2)));
+        assert_eq!((error, member.as_str()), (0, "second"));
+    }
+}

@@ -12,6 +12,9 @@
 //! - freezes new connections from their start (a server that accepts and never answers);
 //! - refuses new connections (each is reset as soon as it is accepted).
 //!
+//! A connection its client closed is reset toward the target at once (see
+//! `Connection::client_left`): the target sees the client gone even while it reads nothing.
+//!
 //! A tap, given at start, sees every chunk forwarded upstream, once it was written to the target
 //! (what [`crate::broker::EmbeddedBroker::start_proxied`] reads the Kafka requests from).
 //!
@@ -115,6 +118,18 @@ impl Connection {
             }
             changed.await;
         }
+    }
+
+    /// The client closed its end: the connection is reset, so that the target sees it gone at
+    /// once. A Kafka or PostgreSQL client never half-closes, and a FIN alone is not seen by a
+    /// server that has stopped reading the connection — librdkafka's mock broker reads nothing
+    /// from a member's connection while its JoinGroup waits for the group, and when that member
+    /// joins again on a new connection it aborts (`rd_kafka_mock_cgrp_classic_member_add:
+    /// Assertion '!member->resp'`). An RST is seen whatever the server polls for. What the
+    /// client sent before closing went out ahead of the FIN (`shutdown`), before the reset.
+    fn client_left(&self) {
+        self.reset.store(true, Ordering::Release);
+        self.changed.notify_waiters();
     }
 
     async fn reset_requested(&self) {
@@ -313,7 +328,8 @@ fn reset_on_close(stream: &TcpStream) {
     let _ = stream.set_linger(Some(Duration::ZERO));
 }
 
-/// Forwards one connection both ways until both ends closed it, or until it is reset.
+/// Forwards one connection both ways until the target closed it, or until it is reset (as it is
+/// when its client closes it).
 async fn serve(mut client: TcpStream, connection: Arc<Connection>, shared: Arc<Shared>) {
     let _ = client.set_nodelay(true);
     match &shared.target {
@@ -381,6 +397,9 @@ async fn pump(
         let read = match from.read(&mut buffer).await {
             Ok(0) | Err(_) => {
                 let _ = to.shutdown().await;
+                if way == UP {
+                    connection.client_left();
+                }
                 return;
             }
             Ok(read) => read,
