@@ -334,6 +334,10 @@ pub struct PipelineSettings {
     pub batch_max_events: usize,
     #[serde(deserialize_with = "strict::integer")]
     pub batch_linger_ms: u64,
+    /// How long a full batch's transaction is aimed to last (0: not aimed) — see
+    /// [`crate::domain::batch_size`].
+    #[serde(deserialize_with = "strict::integer")]
+    pub batch_aim_ms: u64,
     #[serde(deserialize_with = "strict::integer")]
     pub max_in_flight_per_partition: usize,
     /// Records held in all partitions together before the service stops taking more from the
@@ -572,6 +576,7 @@ impl Settings {
             0,
             MINUTE_MS,
         )?;
+        bounded_ms("pipeline.batch_aim_ms", pipeline.batch_aim_ms, 0, MINUTE_MS)?;
         bounded_ms(
             "pipeline.commit_interval_ms",
             pipeline.commit_interval_ms,
@@ -1100,6 +1105,11 @@ impl PipelineSettings {
         Duration::from_millis(self.batch_linger_ms)
     }
 
+    /// How long a full batch's transaction is aimed to last; `None` when not aimed (0).
+    pub fn batch_aim(&self) -> Option<Duration> {
+        (self.batch_aim_ms > 0).then(|| Duration::from_millis(self.batch_aim_ms))
+    }
+
     pub fn commit_interval(&self) -> Duration {
         Duration::from_millis(self.commit_interval_ms)
     }
@@ -1348,6 +1358,7 @@ mod tests {
                 "HISTORY__PIPELINE__BATCH_LINGER_MS",
                 "pipeline.batch_linger_ms",
             ),
+            ("HISTORY__PIPELINE__BATCH_AIM_MS", "pipeline.batch_aim_ms"),
             (
                 "HISTORY__KAFKA__REVOKE_TIMEOUT_MS",
                 "kafka.revoke_timeout_ms",

@@ -16,6 +16,9 @@ pub const DEAD_LETTER_CONFLICTS_TOTAL: &str = "history_dead_letter_conflicts_tot
 pub const RECORDS_FETCHED_TOTAL: &str = "history_records_fetched_total";
 pub const TRANSACTION_SECONDS: &str = "history_transaction_seconds";
 pub const BATCH_EVENTS: &str = "history_batch_events";
+/// The most events a writer's next batch may hold (label: writer): `pipeline.batch_max_events`,
+/// less after a batch timed out or while full ones take longer than `pipeline.batch_aim_ms`.
+pub const BATCH_MAX_EVENTS: &str = "history_batch_max_events";
 pub const RETRIES_TOTAL: &str = "history_retries_total";
 pub const REBALANCES_TOTAL: &str = "history_rebalances_total";
 pub const COMMITS_TOTAL: &str = "history_offset_commits_total";
@@ -133,6 +136,11 @@ pub fn register_families() {
         "Duration of one write transaction (a batch)."
     );
     describe_histogram!(BATCH_EVENTS, "Events per write transaction.");
+    describe_gauge!(
+        BATCH_MAX_EVENTS,
+        "The most events the writer's next batch may hold: pipeline.batch_max_events, less after \
+         a batch timed out or while full batches take longer than pipeline.batch_aim_ms."
+    );
     describe_counter!(RETRIES_TOTAL, "Writes retried after an Unknown outcome.");
     describe_counter!(REBALANCES_TOTAL, "Consumer group rebalances, by kind.");
     describe_counter!(COMMITS_TOTAL, "Offset commits, by reason and result.");
@@ -310,6 +318,11 @@ pub fn register_families() {
 /// How many records a partition's window may hold, for comparison with `history_in_flight`.
 pub fn set_window_limit(limit: usize) {
     metrics::gauge!(WINDOW_LIMIT).set(limit as f64);
+}
+
+/// Sets `history_batch_max_events` of writer `writer`.
+pub fn set_batch_max_events(writer: usize, events: usize) {
+    metrics::gauge!(BATCH_MAX_EVENTS, "writer" => writer.to_string()).set(events as f64);
 }
 
 /// What the service may hold in all, for comparison with `history_held_records` and

@@ -65,6 +65,7 @@ impl Pipeline {
         let writer_settings = WriterSettings {
             batch_max_events: settings.batch_max_events,
             batch_linger: settings.batch_linger(),
+            batch_aim: settings.batch_aim(),
             retry_initial: settings.retry_initial(),
             retry_max: settings.retry_max(),
             replica: Arc::from(crate::replica::name()),

@@ -12,7 +12,8 @@
 //! A batch that does not finish within its deadline is written again halved, the rest put back
 //! at the front of the queue, and later batches stay smaller until the database is quick again
 //! (`domain::batch_size`): a database too slow for a full batch per deadline gets smaller ones,
-//! rather than the same batch timing out for ever.
+//! rather than the same batch timing out for ever. Full batches slower than
+//! `pipeline.batch_aim_ms` are made smaller too, while that costs no more per row.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,8 @@ use crate::store::{PgHistoryRepository, StoreError};
 pub(crate) struct WriterSettings {
     pub batch_max_events: usize,
     pub batch_linger: Duration,
+    /// How long a full batch is aimed to last (`pipeline.batch_aim_ms`), if at all.
+    pub batch_aim: Option<Duration>,
     pub retry_initial: Duration,
     pub retry_max: Duration,
     /// How this replica names itself in `stuck_events` ([`crate::replica::name`]).
@@ -87,7 +90,12 @@ impl DbWriter {
     ) -> Self {
         let linger = Linger::new(settings.batch_max_events, settings.batch_linger);
         let backoff = Backoff::new(settings.retry_initial, settings.retry_max);
-        let batch_size = BatchSize::new(settings.batch_max_events, repository.pool().deadline());
+        let batch_size = BatchSize::new(
+            settings.batch_max_events,
+            repository.pool().deadline(),
+            settings.batch_aim,
+        );
+        crate::metrics::set_batch_max_events(id, batch_size.current());
         DbWriter {
             id,
             repository,
@@ -172,7 +180,10 @@ impl DbWriter {
         }
         match result.failed {
             None => {
-                self.batch_size.written(result.attempted, result.elapsed);
+                if let Some(resized) = self.batch_size.written(result.attempted, result.elapsed) {
+                    debug!(writer = self.id, ?resized, "batch size changed");
+                    crate::metrics::set_batch_max_events(self.id, self.batch_size.current());
+                }
                 if self.attempt > 0 {
                     info!(
                         writer = self.id,
@@ -207,6 +218,7 @@ impl DbWriter {
                 if error.is_deadline() {
                     let attempted = batch.len();
                     let keep = self.batch_size.timed_out(attempted);
+                    crate::metrics::set_batch_max_events(self.id, self.batch_size.current());
                     let rest = batch.split_off(keep);
                     for job in rest.into_jobs().collect::<Vec<_>>().into_iter().rev() {
                         self.buffer.push_front(job.tp.clone(), job);

@@ -264,6 +264,57 @@ async fn a_database_too_slow_for_a_full_batch_within_the_deadline_is_sent_smalle
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
+/// A database slow per row — a trigger of the user's own costing a millisecond a row — makes a
+/// full batch of 1,000 last a second, and every event waits behind such transactions. Full
+/// batches slower than `pipeline.batch_aim_ms` (100 ms here) are made smaller towards it, as
+/// smaller ones cost no more per row; the drain completes exactly. (Without the aim the size
+/// stays 1,000: the gauge never comes down.)
+#[actix_rt::test]
+async fn a_database_slow_per_row_gets_batches_that_last_about_the_aim() {
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = 2;
+        o.env("HISTORY__PIPELINE__WRITERS", "1");
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "1000");
+        o.env("HISTORY__PIPELINE__BATCH_AIM_MS", "100");
+    })
+    .await;
+    app.db.slow_history_rows(0.001).await;
+    let records = workload::generate(&WorkloadSpec {
+        records: 12_000,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: "aim".into(),
+        tickets: 97,
+        max_payload_bytes: 65536,
+        seed: rand::random(),
+    });
+    let distinct = distinct_events(&records) as i64;
+    // The backlog is there before the service starts: its batches are full.
+    app.produce(&records).await;
+    app.start();
+
+    let size = |m: &history_devkit::probe::Metrics| {
+        m.value("history_batch_max_events", &[("writer", "0")])
+    };
+    let metrics = app
+        .wait_for_metrics(Duration::from_secs(60), |m| {
+            size(m).is_some_and(|events| events <= 200.0)
+        })
+        .await;
+    let settled = size(&metrics).expect("the writer's batch size is served");
+    assert!(settled >= 40.0, "shrunk past the aim: {settled}");
+    let committed = app.wait_committed(Duration::from_secs(120)).await;
+    assert_eq!(
+        committed,
+        app.ends().await.into_iter().map(Some).collect::<Vec<_>>()
+    );
+    assert_eq!(app.db.count("history_events").await, distinct);
+    assert_eq!(app.db.count("inbox").await, distinct);
+    assert_eq!(app.db.count("dead_letters").await, 0);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
 #[actix_rt::test]
 async fn a_database_read_only_for_20_s_costs_no_record_and_the_drain_resumes_within_5_s() {
     // The default backoff (up to 10 s between attempts): its longest wait must not hold the
