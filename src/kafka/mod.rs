@@ -533,8 +533,18 @@ impl Polling {
         let now = std::time::Instant::now();
         for outgrown in self.split.take_outgrown() {
             self.shown(&outgrown);
-            if !self.rotation.contains(&outgrown.tp) && self.split.contains(&outgrown.tp) {
+            if self.rotation.contains(&outgrown.tp) || !self.split.contains(&outgrown.tp) {
+                continue;
+            }
+            // A partition kept on its queue while quiet ([`Self::end_turns`]) is backlogged
+            // now: a seat while the seats turn, fetch order otherwise.
+            if self.rotating {
                 self.rotation.seat(outgrown.tp, now);
+            } else if self.split.rejoin(self.consumer.as_ref(), &outgrown.tp)
+                && !self.carried.contains(&outgrown.tp)
+            {
+                self.carried.push(outgrown.tp);
+                self.carried_changed();
             }
         }
     }
@@ -555,6 +565,19 @@ impl Polling {
         let (low, high) = cached.or_else(|| self.watermarks.answer(tp))?;
         let behind = split_queues::not_handed_over(low, high, self.handed.next(tp))?;
         Some((low, high, behind))
+    }
+
+    /// At most how many records of `tp` are not handed over yet, when the high watermark is
+    /// known: [`Self::behind`], or, with nothing handed over and the log's start not known, the
+    /// high watermark itself (a partition still empty is known to hold nothing more).
+    fn behind_at_most(&self, tp: &TopicPartition) -> Option<i64> {
+        if let Some((_, _, behind)) = self.behind(tp) {
+            return Some(behind);
+        }
+        let cached =
+            split_queues::watermarks(self.consumer.as_ref(), tp).filter(|&(_, high)| high >= 0);
+        let (_, high) = cached.or_else(|| self.watermarks.answer(tp))?;
+        split_queues::not_handed_over(0, high, self.handed.next(tp))
     }
 
     /// After the turns ended, while fetch order would be slow to come round to every
@@ -585,8 +608,17 @@ impl Polling {
             .filter(|tp| backlogged(self, tp))
             .cloned()
             .collect();
+        // Kept on their queues while quiet ([`Self::end_turns`]), backlogged since: each would
+        // otherwise be taken in turn beside all the seats together.
+        let kept: Vec<TopicPartition> = self
+            .split
+            .partitions()
+            .filter(|tp| !self.rotation.contains(tp) && backlogged(self, tp))
+            .cloned()
+            .collect();
         self.pace.sample(now, self.handed_count);
-        let in_rotation = self.rotation.len();
+        self.lift_quiet(&turns);
+        let in_rotation = self.rotation.len() + kept.len();
         let rotates = self.pace.rotates(
             self.rotating,
             joining.len() + in_rotation,
@@ -630,9 +662,19 @@ impl Polling {
                 self.rotation.wait(tp);
             }
         }
-        // Left with nothing to hand over: were it given back with records still to take, they
-        // would wait in the consumer queue ahead of a quiet partition's new events, taken at
-        // the consumer queue's turns.
+        for tp in kept {
+            let consumer = self.consumer.clone();
+            self.intake.flow(|flow| {
+                let changes = flow.wait_turn(tp.clone());
+                intake::apply(consumer.as_ref(), &changes);
+            });
+            self.rotation.wait(tp.clone());
+            if let Some(fetched) = self.split.discard_stale(&tp) {
+                self.take(Taken::Record(tp, fetched), false, items);
+            }
+        }
+        // Left with nothing to hand over, a seated partition leaves the rotation and keeps its
+        // queue, quiet, while there is room for one (it would be lifted out of fetch order).
         let caught_up: Vec<TopicPartition> = self
             .rotation
             .seated()
@@ -641,7 +683,10 @@ impl Polling {
             .collect();
         for tp in caught_up {
             self.rotation.remove(&tp);
-            if self.split.rejoin(self.consumer.as_ref(), &tp) && !self.carried.contains(&tp) {
+            if self.quiet_room(&turns) == 0
+                && self.split.rejoin(self.consumer.as_ref(), &tp)
+                && !self.carried.contains(&tp)
+            {
                 self.carried.push(tp);
             }
         }
@@ -679,6 +724,58 @@ impl Polling {
         }
         crate::metrics::set_partitions_waiting_turn(self.rotation.waiting_len());
         self.carried_changed();
+    }
+
+    /// After the turns ended, a quiet partition in fetch order (one whose log holds no more past
+    /// what was handed over than fits a turn — given back when the turns ended before its
+    /// watermark was known, which a quick end of the turns makes the rule) gets a queue of its
+    /// own, taken in turn beside the others: in the consumer queue its new records would wait
+    /// behind whatever fetch order holds of the backlogged ones (1.5–1.9 s for the first
+    /// events of `bench --fairness`, until the seats began). It is
+    /// paused first (librdkafka's pause waits until it took: what the consumer queue holds of it
+    /// turns stale, dropped unread, and its next fetch starts at the last record handed over)
+    /// and resumed once its queue is its own, so none of its records is taken out of order.
+    fn lift_quiet(&mut self, turns: &crate::domain::turns::Turns) {
+        let quiet: Vec<TopicPartition> = self
+            .carried
+            .iter()
+            .filter(|tp| {
+                self.behind_at_most(tp)
+                    .is_some_and(|behind| self.split.fits_a_turn(behind, turns))
+            })
+            .take(self.quiet_room(turns))
+            .cloned()
+            .collect();
+        for tp in quiet {
+            let consumer = self.consumer.clone();
+            let wake = self.split.wake();
+            let opened = self.intake.flow(|flow| {
+                let changes = flow.wait_turn(tp.clone());
+                intake::apply(consumer.as_ref(), &changes);
+                let queue = SplitQueue::open(consumer.clone(), tp.clone(), wake);
+                let changes = flow.take_turn(&tp);
+                intake::apply(consumer.as_ref(), &changes);
+                queue
+            });
+            if let Some(queue) = opened {
+                self.split.insert(queue);
+                self.carried.retain(|carried| carried != &tp);
+            }
+        }
+    }
+
+    /// How many more quiet partitions may hold queues of their own: as many as the seats the
+    /// budget holds, whatever their number. Each holds no more than a turn while quiet, but a
+    /// backlog arriving on all of them at once sends each a batch before it is looked at, which
+    /// fetch order's one queue would not (47 of 48 partitions kept so held 65.6 MB against a
+    /// bound of 51.9 in `flow_control::a_backlog_arriving_after_the_turns_ended_…`).
+    fn quiet_room(&self, turns: &crate::domain::turns::Turns) -> usize {
+        let quiet = self
+            .split
+            .partitions()
+            .filter(|tp| !self.rotation.contains(tp))
+            .count();
+        turns.seats(self.largest_batch).saturating_sub(quiet)
     }
 
     /// The database keeps pace again: every partition of the rotation is taken in fetch order,
@@ -724,7 +821,25 @@ impl Polling {
         };
         context.end_turns();
         self.shown(&outgrown);
-        let (rejoined, queued_at_end) = self.split.rejoin_all(self.consumer.as_ref());
+        // A partition whose backlog fits a turn keeps its queue: given back, its new records
+        // would wait in the consumer queue behind the runs fetched of the backlogged ones
+        // (a quiet partition's event waited 1.5 s there under a slow database before the seats
+        // began). As many as the seats at most ([`Self::quiet_room`]); one that shows a larger
+        // batch later is given back then, or takes a seat ([`Self::rejoin_outgrown`]).
+        let room = turns.seats(self.largest_batch);
+        let quiet: Vec<TopicPartition> = self
+            .split
+            .partitions()
+            .filter(|tp| {
+                self.behind_at_most(tp)
+                    .is_some_and(|behind| self.split.fits_a_turn(behind, &turns))
+            })
+            .take(room)
+            .cloned()
+            .collect();
+        let (rejoined, queued_at_end) = self
+            .split
+            .rejoin_all_but(self.consumer.as_ref(), |tp| quiet.contains(tp));
         for tp in rejoined {
             if !self.carried.contains(&tp) {
                 self.carried.push(tp);

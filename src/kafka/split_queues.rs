@@ -432,6 +432,11 @@ impl<K> SplitQueues<K> {
             .discard_stale()
     }
 
+    /// The partitions with a queue of their own.
+    pub(crate) fn partitions(&self) -> impl Iterator<Item = &TopicPartition> {
+        self.queues.iter().map(SplitQueue::partition)
+    }
+
     /// Whether `tp` has a queue of its own.
     pub(crate) fn contains(&self, tp: &TopicPartition) -> bool {
         self.queues.iter().any(|queue| queue.partition() == tp)
@@ -539,11 +544,13 @@ impl<K> SplitQueues<K> {
         true
     }
 
-    /// Hands every queue back to the consumer queue of `consumer`, records and all; returns
-    /// the partitions, and how many records their queues held.
-    pub(crate) fn rejoin_all<C: ConsumerContext>(
+    /// Hands every queue but those `keep` names back to the consumer queue of `consumer`,
+    /// records and all; returns the partitions given back, and how many records their queues
+    /// held.
+    pub(crate) fn rejoin_all_but<C: ConsumerContext>(
         &mut self,
         consumer: &impl Consumer<C>,
+        keep: impl Fn(&TopicPartition) -> bool,
     ) -> (Vec<TopicPartition>, usize) {
         self.outgrown.clear();
         let rk = consumer.client().native_ptr();
@@ -554,7 +561,12 @@ impl<K> SplitQueues<K> {
         };
         let mut held = 0;
         let mut partitions = Vec::with_capacity(self.queues.len());
-        for queue in self.queues.drain(..) {
+        let (kept, given): (Vec<_>, Vec<_>) = self
+            .queues
+            .drain(..)
+            .partition(|queue| keep(queue.partition()));
+        self.queues = kept;
+        for queue in given {
             held += queue.queued();
             partitions.push(queue.partition().clone());
             queue.rejoin(main);

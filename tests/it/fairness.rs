@@ -430,13 +430,14 @@ async fn rows_until(app: &TestApp, before: &BTreeMap<i32, i64>, more: i64) -> BT
 }
 
 /// When megabyte batches end the turns under a slow database, the backlogged partitions take
-/// turns for seats and the quiet ones stay in fetch order, where only the records of
-/// partitions caught up with their log come: a quiet partition's new event is taken at the
-/// consumer queue's turn, not behind the others' backlog (where it waited for nearly the whole
-/// backlog: 263,200 rows of 276,000 in a run with 23 backlogged partitions in fetch order).
-/// Given backlogs of small batches afterwards, the quiet partitions take turns for seats with
-/// the others, and each side gets its share (0.51 of the rows for 12 of 24 partitions in one
-/// run of the turns' earlier form).
+/// turns for seats and the quiet ones — as many as the seats the budget holds — keep their own
+/// queues, taken in turn beside the seats, the rest in fetch order: a quiet partition's new
+/// event is not behind the others' backlog (where it waited for nearly
+/// the whole backlog — 263,200 rows of 276,000 in a run with 23 backlogged partitions in fetch
+/// order — and, in fetch order beside the seats, for the runs fetched before the seats began:
+/// 1.5 s for the first events of `bench --fairness`). Given backlogs of small batches
+/// afterwards, the quiet partitions take turns for seats with the others, and each side gets
+/// its share (0.51 of the rows for 12 of 24 partitions in one run of the turns' earlier form).
 #[actix_rt::test]
 async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() {
     // More than the budget (8,000 records) and the rows written before the seats begin can
@@ -461,21 +462,15 @@ async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() 
         Duration::from_secs(60),
     )
     .await;
-    // The backlogged partitions take turns for seats; the quiet ones, and they alone, stay in
-    // fetch order.
-    let metrics = app
-        .wait_for_metrics(Duration::from_secs(30), |m| {
-            m.get("history_partitions_waiting_turn") > Some(0.0)
-                && m.get("history_partitions_in_fetch_order") >= Some(QUIET as f64)
-                && m.get("history_partitions_in_turn") == Some(0.0)
-        })
-        .await;
-    assert_eq!(
-        metrics.get("history_partitions_in_fetch_order"),
-        Some(QUIET as f64),
-        "a backlogged partition stayed in fetch order:\n{}",
-        app.logs()
-    );
+    // The backlogged partitions take turns for seats; of the quiet ones, as many as the seats
+    // keep their own queues (or get them once the seats turn), the rest stay in fetch order:
+    // fewer than the quiet ones are in fetch order, and no backlogged one.
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_partitions_waiting_turn") > Some(0.0)
+            && m.get("history_partitions_in_turn") == Some(0.0)
+            && m.get("history_partitions_in_fetch_order") < Some(QUIET as f64)
+    })
+    .await;
 
     // A new event on the last quiet partition.
     let quiet = events_in_each(MANY, 0, 1, "quiet")

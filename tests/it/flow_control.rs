@@ -217,11 +217,12 @@ async fn big_records_on_96_partitions_wait_within_the_budget_while_the_database_
 
 /// The turns end on one partition's megabyte batch while the other 47 logs are still empty:
 /// those are caught up, in fetch order. Then the backlog arrives, in megabyte batches, while
-/// the database is away. The bound holds because nothing gives those partitions queues of their
-/// own while the budget is full: they are fetched into the one consumer queue, whose limits
-/// hold, until the instance pauses. (The earlier design took the caught-up partitions back into
-/// queues of their own at the end of the turns, each of which was then sent a batch before it
-/// was looked at: 65.6 MB against the bound of 51.9 with all 47 taken back.)
+/// the database is away. The bound holds because no more of those partitions keep queues of
+/// their own than the seats the budget holds: the rest are fetched into the one consumer queue,
+/// whose limits hold, until the instance pauses. (The earlier design took the caught-up
+/// partitions back into queues of their own at the end of the turns, each of which was then
+/// sent a batch before it was looked at: 65.6 MB against the bound of 51.9 with all 47 taken
+/// back.)
 #[actix_rt::test]
 async fn a_backlog_arriving_after_the_turns_ended_waits_within_the_budget_while_the_database_is_away()
  {
@@ -246,11 +247,14 @@ async fn a_backlog_arriving_after_the_turns_ended_waits_within_the_budget_while_
         Duration::from_secs(60),
     )
     .await;
-    // Partition 0 written out and committed; every partition caught up, in fetch order.
+    // Partition 0 written out and committed; every partition caught up, in fetch order but for
+    // the few quiet ones that keep queues of their own (as many as the seats the budget holds,
+    // so that the backlog arriving on all of them at once stays within it).
     app.wait_committed(Duration::from_secs(60)).await;
     assert_eq!(app.db.count("history_events").await, first_valid);
     app.wait_for_metrics(Duration::from_secs(30), |m| {
-        m.get("history_partitions_in_fetch_order") == Some(PARTITIONS as f64)
+        m.get("history_partitions_in_turn") == Some(0.0)
+            && m.get("history_partitions_in_fetch_order") >= Some((PARTITIONS - 8) as f64)
     })
     .await;
 
