@@ -643,22 +643,7 @@ impl Polling {
             );
         }
         for tp in joining {
-            let consumer = self.consumer.clone();
-            let wake = self.split.wake();
-            let opened = self.intake.flow(|flow| {
-                let changes = flow.wait_turn(tp.clone());
-                intake::apply(consumer.as_ref(), &changes);
-                let queue = SplitQueue::open(consumer.clone(), tp.clone(), wake);
-                if queue.is_none() {
-                    // It stays in fetch order, fetching.
-                    let changes = flow.take_turn(&tp);
-                    intake::apply(consumer.as_ref(), &changes);
-                }
-                queue
-            });
-            if let Some(queue) = opened {
-                self.split.insert(queue);
-                self.carried.retain(|carried| carried != &tp);
+            if self.split_off(&tp, false) {
                 self.rotation.wait(tp);
             }
         }
@@ -731,10 +716,8 @@ impl Polling {
     /// watermark was known, which a quick end of the turns makes the rule) gets a queue of its
     /// own, taken in turn beside the others: in the consumer queue its new records would wait
     /// behind whatever fetch order holds of the backlogged ones (1.5–1.9 s for the first
-    /// events of `bench --fairness`, until the seats began). It is
-    /// paused first (librdkafka's pause waits until it took: what the consumer queue holds of it
-    /// turns stale, dropped unread, and its next fetch starts at the last record handed over)
-    /// and resumed once its queue is its own, so none of its records is taken out of order.
+    /// events of `bench --fairness`, until the seats began). None of its records is taken out
+    /// of order ([`Self::split_off`]).
     fn lift_quiet(&mut self, turns: &crate::domain::turns::Turns) {
         let quiet: Vec<TopicPartition> = self
             .carried
@@ -747,21 +730,34 @@ impl Polling {
             .cloned()
             .collect();
         for tp in quiet {
-            let consumer = self.consumer.clone();
-            let wake = self.split.wake();
-            let opened = self.intake.flow(|flow| {
-                let changes = flow.wait_turn(tp.clone());
-                intake::apply(consumer.as_ref(), &changes);
-                let queue = SplitQueue::open(consumer.clone(), tp.clone(), wake);
-                let changes = flow.take_turn(&tp);
-                intake::apply(consumer.as_ref(), &changes);
-                queue
-            });
-            if let Some(queue) = opened {
-                self.split.insert(queue);
-                self.carried.retain(|carried| carried != &tp);
-            }
+            self.split_off(&tp, true);
         }
+    }
+
+    /// Takes `tp` out of fetch order into a queue of its own: paused first (the pause returns
+    /// once librdkafka took it, so what the consumer queue holds of it is stale, dropped unread,
+    /// and its next fetch starts at the last record handed over), then split; resumed at once
+    /// if `resume`, else left to wait for a seat. Returns whether it has its queue (if not, it
+    /// stays in fetch order, fetching).
+    fn split_off(&mut self, tp: &TopicPartition, resume: bool) -> bool {
+        let consumer = self.consumer.clone();
+        let wake = self.split.wake();
+        let opened = self.intake.flow(|flow| {
+            let changes = flow.wait_turn(tp.clone());
+            intake::apply(consumer.as_ref(), &changes);
+            let queue = SplitQueue::open(consumer.clone(), tp.clone(), wake);
+            if resume || queue.is_none() {
+                let changes = flow.take_turn(tp);
+                intake::apply(consumer.as_ref(), &changes);
+            }
+            queue
+        });
+        let Some(queue) = opened else {
+            return false;
+        };
+        self.split.insert(queue);
+        self.carried.retain(|carried| carried != tp);
+        true
     }
 
     /// How many more quiet partitions may hold queues of their own: as many as the seats the

@@ -218,6 +218,40 @@ async fn the_servers_statement_timeout_counts_as_the_write_running_out_of_time()
     assert!(!StoreError::Unavailable("down".into()).is_deadline());
 }
 
+/// Slows every history row by `seconds` (a trigger of the user's own), produces `records`
+/// events on the app's 2 partitions before the service starts (so its first batches are full)
+/// and starts it; returns the distinct events.
+async fn slow_rows_backlog(app: &mut TestApp, seconds: f64, records: usize, prefix: &str) -> i64 {
+    app.db.slow_history_rows(seconds).await;
+    let records = workload::generate(&WorkloadSpec {
+        records,
+        duplicates: 0.0,
+        poison: 0.0,
+        partitions: 2,
+        id_prefix: prefix.into(),
+        tickets: 97,
+        max_payload_bytes: 65536,
+        seed: rand::random(),
+    });
+    let distinct = distinct_events(&records) as i64;
+    app.produce(&records).await;
+    app.start();
+    distinct
+}
+
+/// The drain committed every partition to its end, each event written once, none
+/// dead-lettered.
+async fn drained_exactly(app: &TestApp, distinct: i64) {
+    let committed = app.wait_committed(Duration::from_secs(120)).await;
+    assert_eq!(
+        committed,
+        app.ends().await.into_iter().map(Some).collect::<Vec<_>>()
+    );
+    assert_eq!(app.db.count("history_events").await, distinct);
+    assert_eq!(app.db.count("inbox").await, distinct);
+    assert_eq!(app.db.count("dead_letters").await, 0);
+}
+
 /// A database that writes fewer rows per deadline than a full batch holds — a trigger of the
 /// user's own costing 4 ms a row, batches of up to 1,000, a 1 s deadline: no full batch can
 /// finish in time. Sent again whole, the first batch would time out for ever and nothing would
@@ -230,30 +264,8 @@ async fn a_database_too_slow_for_a_full_batch_within_the_deadline_is_sent_smalle
         o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "1000");
     })
     .await;
-    app.db.slow_history_rows(0.004).await;
-    let records = workload::generate(&WorkloadSpec {
-        records: 4_000,
-        duplicates: 0.0,
-        poison: 0.0,
-        partitions: 2,
-        id_prefix: "slow".into(),
-        tickets: 97,
-        max_payload_bytes: 65536,
-        seed: rand::random(),
-    });
-    let distinct = distinct_events(&records) as i64;
-    // The backlog is there before the service starts: its first batches are full.
-    app.produce(&records).await;
-    app.start();
-
-    let committed = app.wait_committed(Duration::from_secs(120)).await;
-    assert_eq!(
-        committed,
-        app.ends().await.into_iter().map(Some).collect::<Vec<_>>()
-    );
-    assert_eq!(app.db.count("history_events").await, distinct);
-    assert_eq!(app.db.count("inbox").await, distinct);
-    assert_eq!(app.db.count("dead_letters").await, 0);
+    let distinct = slow_rows_backlog(&mut app, 0.004, 4_000, "slow").await;
+    drained_exactly(&app, distinct).await;
     let line = app
         .wait_for_log(
             &["a batch did not finish within its deadline", "batch_max="],
@@ -278,21 +290,7 @@ async fn a_database_slow_per_row_gets_batches_that_last_about_the_aim() {
         o.env("HISTORY__PIPELINE__BATCH_AIM_MS", "100");
     })
     .await;
-    app.db.slow_history_rows(0.001).await;
-    let records = workload::generate(&WorkloadSpec {
-        records: 12_000,
-        duplicates: 0.0,
-        poison: 0.0,
-        partitions: 2,
-        id_prefix: "aim".into(),
-        tickets: 97,
-        max_payload_bytes: 65536,
-        seed: rand::random(),
-    });
-    let distinct = distinct_events(&records) as i64;
-    // The backlog is there before the service starts: its batches are full.
-    app.produce(&records).await;
-    app.start();
+    let distinct = slow_rows_backlog(&mut app, 0.001, 12_000, "aim").await;
 
     let size = |m: &history_devkit::probe::Metrics| {
         m.value("history_batch_max_events", &[("writer", "0")])
@@ -304,14 +302,7 @@ async fn a_database_slow_per_row_gets_batches_that_last_about_the_aim() {
         .await;
     let settled = size(&metrics).expect("the writer's batch size is served");
     assert!(settled >= 40.0, "shrunk past the aim: {settled}");
-    let committed = app.wait_committed(Duration::from_secs(120)).await;
-    assert_eq!(
-        committed,
-        app.ends().await.into_iter().map(Some).collect::<Vec<_>>()
-    );
-    assert_eq!(app.db.count("history_events").await, distinct);
-    assert_eq!(app.db.count("inbox").await, distinct);
-    assert_eq!(app.db.count("dead_letters").await, 0);
+    drained_exactly(&app, distinct).await;
     assert_eq!(app.stop(), Some(0), "{}", app.logs());
 }
 
