@@ -335,7 +335,7 @@ pub struct PipelineSettings {
     #[serde(deserialize_with = "strict::integer")]
     pub batch_linger_ms: u64,
     /// How long a full batch's transaction is aimed to last (0: not aimed) — see
-    /// [`crate::domain::batch_size`].
+    /// `src/domain/batch_size.rs`.
     #[serde(deserialize_with = "strict::integer")]
     pub batch_aim_ms: u64,
     #[serde(deserialize_with = "strict::integer")]
