@@ -567,17 +567,17 @@ impl Polling {
         Some((low, high, behind))
     }
 
-    /// At most how many records of `tp` are not handed over yet, when the high watermark is
-    /// known: [`Self::behind`], or, with nothing handed over and the log's start not known, the
+    /// Whether `tp`'s log is known to hold no more past what was handed over than fits a turn:
+    /// by [`Self::behind`], or, with nothing handed over and the log's start not known, by the
     /// high watermark itself (a partition still empty is known to hold nothing more).
-    fn behind_at_most(&self, tp: &TopicPartition) -> Option<i64> {
-        if let Some((_, _, behind)) = self.behind(tp) {
-            return Some(behind);
-        }
-        let cached =
-            split_queues::watermarks(self.consumer.as_ref(), tp).filter(|&(_, high)| high >= 0);
-        let (_, high) = cached.or_else(|| self.watermarks.answer(tp))?;
-        split_queues::not_handed_over(0, high, self.handed.next(tp))
+    fn is_quiet(&self, tp: &TopicPartition, turns: &crate::domain::turns::Turns) -> bool {
+        let behind = self.behind(tp).map(|(_, _, behind)| behind).or_else(|| {
+            let cached =
+                split_queues::watermarks(self.consumer.as_ref(), tp).filter(|&(_, high)| high >= 0);
+            let (_, high) = cached.or_else(|| self.watermarks.answer(tp))?;
+            split_queues::not_handed_over(0, high, self.handed.next(tp))
+        });
+        behind.is_some_and(|behind| self.split.fits_a_turn(behind, turns))
     }
 
     /// After the turns ended, while fetch order would be slow to come round to every
@@ -722,10 +722,7 @@ impl Polling {
         let quiet: Vec<TopicPartition> = self
             .carried
             .iter()
-            .filter(|tp| {
-                self.behind_at_most(tp)
-                    .is_some_and(|behind| self.split.fits_a_turn(behind, turns))
-            })
+            .filter(|tp| self.is_quiet(tp, turns))
             .take(self.quiet_room(turns))
             .cloned()
             .collect();
@@ -826,10 +823,7 @@ impl Polling {
         let quiet: Vec<TopicPartition> = self
             .split
             .partitions()
-            .filter(|tp| {
-                self.behind_at_most(tp)
-                    .is_some_and(|behind| self.split.fits_a_turn(behind, &turns))
-            })
+            .filter(|tp| self.is_quiet(tp, &turns))
             .take(room)
             .cloned()
             .collect();
