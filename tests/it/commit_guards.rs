@@ -45,6 +45,46 @@ impl Handler<Lost> for NothingInFlight {
 
 type GuardedConsumer = StreamConsumer<SupervisorContext>;
 
+/// A test's consumer, closed off the test's thread. Closing serves the final revoke, which
+/// waits for the committer actor this thread runs, and librdkafka's close has no deadline of
+/// its own (rdkafka's drop polls until the client says it is closed): closed here in a drop,
+/// a close the broker holds up would hang the test instead of failing it.
+struct TestConsumer(Option<Arc<GuardedConsumer>>);
+
+impl TestConsumer {
+    /// Closes the consumer, and fails the test unless it is closed within `within`.
+    async fn close(mut self, within: Duration) {
+        let consumer = self.0.take().expect("a consumer is closed once");
+        let (closed, answer) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            drop(consumer);
+            let _ = closed.send(());
+        });
+        assert!(
+            tokio::time::timeout(within, answer).await.is_ok(),
+            "the consumer did not close within {within:?}"
+        );
+    }
+}
+
+impl std::ops::Deref for TestConsumer {
+    type Target = Arc<GuardedConsumer>;
+
+    fn deref(&self) -> &Arc<GuardedConsumer> {
+        self.0.as_ref().expect("not closed yet")
+    }
+}
+
+impl Drop for TestConsumer {
+    /// A test that failed before its close: the consumer closes on a thread left to it, so
+    /// that the failure is reported whatever the close does.
+    fn drop(&mut self) {
+        if let Some(consumer) = self.0.take() {
+            std::thread::spawn(move || drop(consumer));
+        }
+    }
+}
+
 /// A consumer with the service's callbacks, subscribed to a one-partition topic of its own,
 /// whose revokes and losses go to `committer`, a revoke bounded by `revoke_timeout`.
 fn consumer_of<A>(
@@ -53,7 +93,7 @@ fn consumer_of<A>(
     group: &str,
     committer: Addr<A>,
     revoke_timeout: Duration,
-) -> Arc<GuardedConsumer>
+) -> TestConsumer
 where
     A: Actor<Context = Context<A>> + Handler<Revoke> + Handler<Lost>,
 {
@@ -80,11 +120,11 @@ where
         .create_with_context(context)
         .unwrap();
     consumer.subscribe(&[topic]).unwrap();
-    Arc::new(consumer)
+    TestConsumer(Some(Arc::new(consumer)))
 }
 
 /// [`consumer_of`] with a committer that finds nothing in flight.
-fn consumer(broker: &EmbeddedBroker, topic: &str, group: &str) -> Arc<GuardedConsumer> {
+fn consumer(broker: &EmbeddedBroker, topic: &str, group: &str) -> TestConsumer {
     consumer_of(
         broker,
         topic,
@@ -362,6 +402,13 @@ impl CommittedWatch {
     }
 }
 
+impl Drop for CommittedWatch {
+    /// A test that failed before its stop: the thread is told to end, not waited for.
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Commits on a blocking thread with a deadline of `within`; the outcome and the error.
 async fn commit_within(
     consumer: &Arc<GuardedConsumer>,
@@ -471,6 +518,7 @@ async fn a_commit_librdkafka_holds_is_never_overtaken_by_a_later_one(
     for offset in [10, 20, 30] {
         assert!(sent.contains(&offset), "{offset} was never sent: {sent:?}");
     }
+    consumer.close(Duration::from_secs(20)).await;
 }
 
 #[actix_rt::test]
