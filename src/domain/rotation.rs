@@ -17,7 +17,11 @@
 //! one fetched batch of every backlogged partition, at the rate records are handed over, lasts
 //! longer than [`ROUND_ENGAGES`] (within the 5 s in which every partition is to get its share;
 //! a healthy drain on a busy machine measures a round of two or three seconds), until it lasts
-//! less than half that.
+//! less than half that. From the turns' end until the first measurement it runs provisionally,
+//! with turns of the least quantum ([`Pace::provisional_holds`]): in fetch order, those first
+//! seconds went to the partitions whose batches were fetched first (7,464 and 6,439 rows of two
+//! partitions in the first 5 s of `bench --fairness`, none of a third's); a healthy drain pays
+//! one second of turns, which it did not show (docs/benchmarks.md).
 //!
 //! A turn is a quantum of records ([`Pace::quantum`]): as many as make a round of every
 //! backlogged partition's turn last [`ROUND_AIMED`] at the pace records are handed over, so
@@ -89,6 +93,21 @@ impl Pace {
             .map_or(last, |before| (last + before) / 2.0);
         let aimed = per_second * ROUND_AIMED.as_secs_f64() / backlogged.max(1) as f64;
         (aimed.min(most as f64) as u64).max(QUANTUM_LEAST)
+    }
+
+    /// Whether anything was measured yet.
+    pub(crate) fn is_measured(&self) -> bool {
+        self.per_second.is_some()
+    }
+
+    /// Whether a provisional rotation — begun when the turns ended, before the pace was known,
+    /// so that the first seconds of a slow database are not fetch order's — goes on: until
+    /// the first measurement it does (`None` then: not decided); at the first, it goes on as
+    /// a rotation begun by [`Self::rotates`] only if a round lasts longer than
+    /// [`ROUND_ENGAGES`], so that a healthy drain on a busy machine (rounds of 2–3 s) does not
+    /// keep it.
+    pub(crate) fn provisional_holds(&self, backlogged: usize, batch_records: u64) -> Option<bool> {
+        Some(self.round(backlogged, batch_records)? > ROUND_ENGAGES)
     }
 
     /// Whether the rotation runs, given whether it ran: it starts when a round lasts longer
@@ -440,6 +459,28 @@ mod tests {
         // Samples less than a second apart are folded into the next.
         pace.sample(start + Duration::from_millis(8_500), 300_000);
         assert!(pace.rotates(false, 2, 5_000));
+    }
+
+    #[test]
+    fn a_provisional_rotation_holds_until_the_first_measurement_then_only_for_a_long_round() {
+        let start = Instant::now();
+        let slow = |handed: u64| {
+            let mut pace = Pace::default();
+            pace.sample(start, 0);
+            assert!(!pace.is_measured());
+            assert_eq!(pace.provisional_holds(23, 5_000), None, "not measured yet");
+            pace.sample(start + Duration::from_millis(600), handed);
+            assert_eq!(pace.provisional_holds(23, 5_000), None, "under a second");
+            pace.sample(start + Duration::from_secs(1), handed);
+            assert!(pace.is_measured());
+            pace.provisional_holds(23, 5_000)
+        };
+        // 5,000 a second: a round of 23 s. Once is enough for what already runs.
+        assert_eq!(slow(5_000), Some(true));
+        // A busy machine's healthy drain, 40,000 a second: 2.9 s, under the 4 s that begins a
+        // rotation (though over the 2 s that would stop one).
+        assert_eq!(slow(40_000), Some(false));
+        assert_eq!(slow(100_000), Some(false));
     }
 
     #[test]

@@ -351,6 +351,7 @@ pub(crate) fn item_stream(
         rotation: Rotation::default(),
         rotation_due,
         rotating: false,
+        provisional: false,
         handed_count: 0,
         pace: Pace::default(),
         batch_records: 0,
@@ -433,6 +434,8 @@ struct Polling {
     rotation_due: tokio::time::Interval,
     /// Whether backlogged partitions take turns for seats now.
     rotating: bool,
+    /// Whether they do provisionally: since the turns ended, until the pace is first measured.
+    provisional: bool,
     /// The records handed over so far, and how fast.
     handed_count: u64,
     pace: Pace,
@@ -584,7 +587,8 @@ impl Polling {
     /// backlogged partition ([`Pace`]), they take turns for the seats the budget holds with
     /// batches as large as the largest shown ([`crate::domain::rotation`]): a partition in
     /// fetch order with more records to read than fit a turn is paused, given a queue of its
-    /// own and waits for a seat; a seated one with nothing left to hand over goes back to
+    /// own and waits for a seat (provisionally, with turns of the least quantum, from the
+    /// turns' end until the pace is first measured); a seated one with nothing left to hand over goes back to
     /// fetch order; then the seats whose slice ended change hands. A partition sent to wait is paused under the fetching decisions' lock,
     /// and what its queue held of fetches past what was handed over is dropped (fetched again
     /// from there when its turn comes); one whose turn came is resumed.
@@ -619,11 +623,29 @@ impl Polling {
         self.pace.sample(now, self.handed_count);
         self.lift_quiet(&turns);
         let in_rotation = self.rotation.len() + kept.len();
-        let rotates = self.pace.rotates(
-            self.rotating,
-            joining.len() + in_rotation,
-            self.batch_records,
-        );
+        let backlogged = joining.len() + in_rotation;
+        if !self.rotating && !self.pace.is_measured() {
+            self.rotating = true;
+            self.provisional = true;
+            tracing::info!(
+                backlogged,
+                "backlogged partitions take turns for seats until the pace of the hand-over is \
+                 measured (a second): with a slow database, fetch order would give the first \
+                 seconds to the partitions whose batches came first"
+            );
+        }
+        let rotates = if self.provisional {
+            match self.pace.provisional_holds(backlogged, self.batch_records) {
+                None => true,
+                Some(holds) => {
+                    self.provisional = false;
+                    holds
+                }
+            }
+        } else {
+            self.pace
+                .rotates(self.rotating, backlogged, self.batch_records)
+        };
         if !rotates {
             if self.rotating {
                 self.stop_rotating();
@@ -633,9 +655,9 @@ impl Polling {
         if !self.rotating {
             self.rotating = true;
             tracing::info!(
-                backlogged = joining.len() + in_rotation,
+                backlogged,
                 batch_records = self.batch_records,
-                round_ms = ?self.pace.round(joining.len() + in_rotation, self.batch_records).map(|round| round.as_millis()),
+                round_ms = ?self.pace.round(backlogged, self.batch_records).map(|round| round.as_millis()),
                 seats = turns.seats(self.largest_batch),
                 "backlogged partitions take turns for seats: in fetch order one batch of each \
                  would take longer than 4 s to be handed over at this pace (measured twice in a \
@@ -676,7 +698,12 @@ impl Polling {
             }
         }
         let seats = turns.seats(self.largest_batch);
-        let quantum = self.pace.quantum(self.rotation.len(), self.batch_records);
+        // Before the pace is known, the least: a turn then lasts its least time.
+        let quantum = if self.provisional {
+            crate::domain::rotation::QUANTUM_LEAST
+        } else {
+            self.pace.quantum(self.rotation.len(), self.batch_records)
+        };
         let swaps = self
             .rotation
             .turn(now, seats, quantum, TURN_LEAST, ROTATION_SLICE);
