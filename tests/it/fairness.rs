@@ -286,6 +286,18 @@ async fn megabyte_backlog_behind_a_slow_database(each: usize, prefix: &str) -> T
     app
 }
 
+/// The database made quick again, the service writes the backlog's `total` events, each once,
+/// commits, and stops cleanly.
+async fn drains_exactly_once_unslowed(app: &mut TestApp, total: i64) {
+    app.db.unslow_writes().await;
+    app.wait_rows(total, Duration::from_secs(120)).await;
+    app.wait_committed(Duration::from_secs(60)).await;
+    assert_eq!(app.db.count("history_events").await, total);
+    assert_eq!(app.db.count("inbox").await, total);
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+    assert_eq!(stopped_field(&app.logs(), "already_applied"), Some(0));
+}
+
 /// librdkafka's producers write a backlog in batches of up to a megabyte, and a broker returns
 /// a partition's first batch whole: with one in each of 24 partitions' queues the client would
 /// hold more than its part of the default budget. The first such batch ends the turns: every
@@ -330,13 +342,7 @@ async fn megabyte_batches_end_the_turns_of_many_partitions_and_lose_nothing() {
         "the Kafka client held {heap} bytes, over its part of the budget ({limit})\n{}",
         app.logs()
     );
-    app.db.unslow_writes().await;
-    let total = MANY as i64 * EACH as i64;
-    app.wait_rows(total, Duration::from_secs(120)).await;
-    app.wait_committed(Duration::from_secs(60)).await;
-    assert_eq!(app.db.count("history_events").await, total);
-    assert_eq!(app.stop(), Some(0), "{}", app.logs());
-    assert_eq!(stopped_field(&app.logs(), "already_applied"), Some(0));
+    drains_exactly_once_unslowed(&mut app, MANY as i64 * EACH as i64).await;
 }
 
 /// Partitions assigned after the turns ended come through the consumer queue with the rest: a
@@ -562,13 +568,7 @@ async fn the_first_rows_after_megabyte_batches_end_the_turns_are_shared() {
          times it: {first:?}\n{}",
         app.logs()
     );
-    app.db.unslow_writes().await;
-    let total = MANY as i64 * EACH as i64;
-    app.wait_rows(total, Duration::from_secs(120)).await;
-    app.wait_committed(Duration::from_secs(60)).await;
-    assert_eq!(app.db.count("history_events").await, total);
-    assert_eq!(app.db.count("inbox").await, total);
-    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+    drains_exactly_once_unslowed(&mut app, MANY as i64 * EACH as i64).await;
 }
 
 /// Megabyte batches on 24 partitions: the client's part of the default budget holds a seated
@@ -617,11 +617,5 @@ async fn backlogged_partitions_of_megabyte_batches_take_turns_for_seats_under_a_
         "the Kafka client held {heap} bytes, over its part of the budget ({limit})\n{}",
         app.logs()
     );
-    app.db.unslow_writes().await;
-    app.wait_rows(total, Duration::from_secs(120)).await;
-    app.wait_committed(Duration::from_secs(60)).await;
-    assert_eq!(app.db.count("history_events").await, total);
-    assert_eq!(app.db.count("inbox").await, total);
-    assert_eq!(app.stop(), Some(0), "{}", app.logs());
-    assert_eq!(stopped_field(&app.logs(), "already_applied"), Some(0));
+    drains_exactly_once_unslowed(&mut app, total).await;
 }
