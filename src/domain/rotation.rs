@@ -14,14 +14,15 @@
 //! The rotation costs a healthy drain what it re-reads (and the memory that churns), and
 //! there fetch order comes round to every partition within a second or two anyway. So it runs
 //! only while fetch order would not: from when [`Pace`] says, twice in a row, that a round of
-//! one fetched batch of every backlogged partition, at the rate records are handed over, lasts
+//! one fetched batch of every backlogged partition, at the rate records are done with, lasts
 //! longer than [`ROUND_ENGAGES`] (within the 5 s in which every partition is to get its share;
 //! a healthy drain on a busy machine measures a round of two or three seconds), until it lasts
-//! less than half that. From the turns' end until the first measurement it runs provisionally,
-//! with turns of the least quantum ([`Pace::provisional_holds`]): in fetch order, those first
-//! seconds went to the partitions whose batches were fetched first (7,464 and 6,439 rows of two
-//! partitions in the first 5 s of `bench --fairness`, none of a third's); a healthy drain pays
-//! one second of turns, which it did not show (docs/benchmarks.md).
+//! less than half that. From the turns' end until the first measurement, a quarter of a second
+//! later ([`FIRST_MEASUREMENT`]), it runs provisionally, with turns of the least quantum
+//! ([`Pace::rotates`]): in fetch order, those first seconds went to the partitions whose
+//! batches were fetched first (7,464 and 6,439 rows of two partitions in the first 5 s of
+//! `bench --fairness`, none of a third's); a healthy drain pays a quarter of a second of turns,
+//! which it did not show (docs/benchmarks.md).
 //!
 //! A turn is a quantum of records ([`Pace::quantum`]): as many as make a round of every
 //! backlogged partition's turn last [`ROUND_AIMED`] at the pace records are handed over, so
@@ -29,7 +30,10 @@
 //! records made rounds of 5–7 s at 2,000–3,000 events/s) — and a turn counted in records
 //! gives each seat the same, where one counted in time gets whatever burst of room falls into
 //! it. A turn lasts at least [`TURN_LEAST`], so that a quick pace's turns do not re-read most
-//! of every fetched batch, and a seat's slice at most.
+//! of every fetched batch, and a seat's slice at most — or ends, however short, at the most
+//! records of a turn ([`Rotation::limit_turns`]: the partition's share of the budget), since a
+//! turn takes what room frees in it and the room frees in bursts: the whole budget at once when
+//! the rotation begins.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -47,7 +51,16 @@ pub(crate) const ROUND_AIMED: Duration = Duration::from_millis(2_500);
 /// The fewest records of a turn: fewer would re-read a fetched batch for little.
 pub(crate) const QUANTUM_LEAST: u64 = 100;
 
-/// How fast records are handed over, measured over a second or more: the last two measurements.
+/// How long the first measurement of the pace lasts: long enough for a writer's batch or two
+/// to be done with under a slow database, short enough that a healthy drain's provisional
+/// turns (which churn the seats) end soon.
+pub(crate) const FIRST_MEASUREMENT: Duration = Duration::from_millis(250);
+
+/// How fast records are done with (written, or otherwise released from the budget) — the pace
+/// at which room frees to hand more over — measured over a second or more, the first time a
+/// quarter of one ([`FIRST_MEASUREMENT`]): the last two measurements. Counted as released,
+/// not as taken: the first moments take the budget's whole room at once, which would measure
+/// any database as quick.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Pace {
     since: Option<(Instant, u64)>,
@@ -56,14 +69,19 @@ pub(crate) struct Pace {
 }
 
 impl Pace {
-    /// `handed` records were handed over in all by `now`.
+    /// `handed` records were released in all by `now`.
     pub(crate) fn sample(&mut self, now: Instant, handed: u64) {
         let Some((then, before)) = self.since else {
             self.since = Some((now, handed));
             return;
         };
         let elapsed = now.saturating_duration_since(then);
-        if elapsed >= Duration::from_secs(1) {
+        let span = if self.per_second.is_some() {
+            Duration::from_secs(1)
+        } else {
+            FIRST_MEASUREMENT
+        };
+        if elapsed >= span {
             self.per_second_before = self.per_second;
             self.per_second = Some(handed.saturating_sub(before) as f64 / elapsed.as_secs_f64());
             self.since = Some((now, handed));
@@ -71,7 +89,7 @@ impl Pace {
     }
 
     /// How long fetch order takes to hand over one batch of `batch_records` records of each of
-    /// `backlogged` partitions at this pace; unknown before a second was measured.
+    /// `backlogged` partitions at this pace; unknown before it was first measured.
     pub(crate) fn round(&self, backlogged: usize, batch_records: u64) -> Option<Duration> {
         Some(round_at(self.per_second?, backlogged, batch_records))
     }
@@ -100,31 +118,28 @@ impl Pace {
         self.per_second.is_some()
     }
 
-    /// Whether a provisional rotation — begun when the turns ended, before the pace was known,
-    /// so that the first seconds of a slow database are not fetch order's — goes on: until
-    /// the first measurement it does (`None` then: not decided); at the first, it goes on as
-    /// a rotation begun by [`Self::rotates`] only if a round lasts longer than
-    /// [`ROUND_ENGAGES`], so that a healthy drain on a busy machine (rounds of 2–3 s) does not
-    /// keep it.
-    pub(crate) fn provisional_holds(&self, backlogged: usize, batch_records: u64) -> Option<bool> {
-        Some(self.round(backlogged, batch_records)? > ROUND_ENGAGES)
-    }
-
     /// Whether the rotation runs, given whether it ran: it starts when a round lasts longer
     /// than [`ROUND_ENGAGES`] by the last two measurements (one second of records taken in a
     /// burst, as the budget frees, does not start it) and stops when it lasts less than half
-    /// that by the last.
+    /// that by the last. Before anything is measured it keeps what it did: the caller begins
+    /// it provisionally at the turns' end, so that a slow database's first seconds are not
+    /// fetch order's. A rotation with only one measurement behind it was begun so, and goes on
+    /// only if a round lasts longer than [`ROUND_ENGAGES`] — as one begun by the measurements
+    /// would — so that a healthy drain on a busy machine (rounds of 2–3 s) does not keep it.
     pub(crate) fn rotates(&self, rotating: bool, backlogged: usize, batch_records: u64) -> bool {
         let Some(round) = self.round(backlogged, batch_records) else {
             return rotating;
         };
-        if rotating {
-            return round >= ROUND_ENGAGES / 2;
-        }
         let before = self
             .per_second_before
             .map(|per_second| round_at(per_second, backlogged, batch_records));
-        round > ROUND_ENGAGES && before.is_some_and(|before| before > ROUND_ENGAGES)
+        match (rotating, before) {
+            (true, Some(_)) => round >= ROUND_ENGAGES / 2,
+            (true, None) => round > ROUND_ENGAGES,
+            (false, before) => {
+                round > ROUND_ENGAGES && before.is_some_and(|before| before > ROUND_ENGAGES)
+            }
+        }
     }
 }
 
@@ -140,6 +155,8 @@ pub(crate) struct Rotation<K> {
     /// Each seated partition, when its seat began and how many records it handed over since.
     seated: Vec<(K, Instant, u64)>,
     waiting: VecDeque<K>,
+    /// The most records of a turn, however short ([`Self::limit_turns`]).
+    most: u64,
 }
 
 impl<K> Default for Rotation<K> {
@@ -147,6 +164,7 @@ impl<K> Default for Rotation<K> {
         Rotation {
             seated: Vec::new(),
             waiting: VecDeque::new(),
+            most: u64::MAX,
         }
     }
 }
@@ -207,15 +225,27 @@ impl<K: Eq + Clone> Rotation<K> {
         self.seated.push((partition, now, 0));
     }
 
-    /// A seated partition handed a record over.
-    pub(crate) fn handed(&mut self, partition: &K) {
-        if let Some((_, _, handed)) = self
-            .seated
+    /// A seated partition handed a record over. Returns whether that ended its turn: the
+    /// most records of a turn handed over ([`Self::limit_turns`]), so that the seats are to be
+    /// looked at now rather than at the next look, by which it would take what room there is.
+    pub(crate) fn handed(&mut self, partition: &K) -> bool {
+        let most = self.most;
+        self.seated
             .iter_mut()
             .find(|(seated, _, _)| seated == partition)
-        {
-            *handed += 1;
-        }
+            .is_some_and(|(_, _, handed)| {
+                *handed += 1;
+                *handed == most
+            })
+    }
+
+    /// A turn ends, however short, once its seat handed over `most` records: a turn of the
+    /// least time takes whatever room frees in it, and room frees in bursts — the whole budget
+    /// at once when the rotation begins with it empty (the first three seats of
+    /// `bench --fairness` took 2,400–2,900 records each in their first turns, a fair share of
+    /// the first 5 s being 700).
+    pub(crate) fn limit_turns(&mut self, most: u64) {
+        self.most = most.max(1);
     }
 
     /// A backlogged partition joins, paused, behind those already waiting.
@@ -235,7 +265,8 @@ impl<K: Eq + Clone> Rotation<K> {
 
     /// The seats at `now`, with `seats` of them: seated partitions over the count give theirs up
     /// (the longest seated first); then each whose turn ended — `quantum` records handed over
-    /// in at least `least` of time, or a `slice` of time (for one with little to give) — gives its seat to the partition that
+    /// in at least `least` of time, the most of a turn ([`Self::limit_turns`]) in any time, or
+    /// a `slice` of time (for one with little to give) — gives its seat to the partition that
     /// waited longest, while one waits that was waiting before this look (a partition is not
     /// paused and resumed in one look); then free seats are taken in the waiting order. A turn
     /// is counted in records because records are taken in bursts, as the budget frees: a turn
@@ -259,9 +290,10 @@ impl<K: Eq + Clone> Rotation<K> {
             self.waiting.push_back(partition.clone());
             swaps.leave.push(partition);
         }
+        let most = self.most;
         let ended = |&(_, since, handed): &(K, Instant, u64)| {
             let seated_for = now.saturating_duration_since(since);
-            (handed >= quantum && seated_for >= least) || seated_for >= slice
+            (handed >= quantum && seated_for >= least) || handed >= most || seated_for >= slice
         };
         let mut at = 0;
         while at < self.seated.len() && entered < waited_before {
@@ -468,19 +500,58 @@ mod tests {
             let mut pace = Pace::default();
             pace.sample(start, 0);
             assert!(!pace.is_measured());
-            assert_eq!(pace.provisional_holds(23, 5_000), None, "not measured yet");
-            pace.sample(start + Duration::from_millis(600), handed);
-            assert_eq!(pace.provisional_holds(23, 5_000), None, "under a second");
+            assert!(pace.rotates(true, 23, 5_000), "not measured yet");
+            assert!(!pace.rotates(false, 23, 5_000), "not begun by nothing");
+            pace.sample(start + Duration::from_millis(200), handed / 5);
+            assert!(pace.rotates(true, 23, 5_000), "under a quarter second");
+            assert!(!pace.is_measured());
             pace.sample(start + Duration::from_secs(1), handed);
             assert!(pace.is_measured());
-            pace.provisional_holds(23, 5_000)
+            pace.rotates(true, 23, 5_000)
         };
         // 5,000 a second: a round of 23 s. Once is enough for what already runs.
-        assert_eq!(slow(5_000), Some(true));
+        assert!(slow(5_000));
         // A busy machine's healthy drain, 40,000 a second: 2.9 s, under the 4 s that begins a
         // rotation (though over the 2 s that would stop one).
-        assert_eq!(slow(40_000), Some(false));
-        assert_eq!(slow(100_000), Some(false));
+        assert!(!slow(40_000));
+        assert!(!slow(100_000));
+    }
+
+    #[test]
+    fn a_turn_ends_at_its_most_records_however_short_and_the_record_that_ends_it_says_so() {
+        let start = Instant::now();
+        let least = Duration::from_millis(250);
+        let mut rotation = rotation(&[0], &[1], start);
+        rotation.limit_turns(3);
+        assert!(!rotation.handed(&0));
+        assert!(!rotation.handed(&0));
+        assert_eq!(
+            rotation.turn(start, 1, 2, least, SLICE),
+            Swaps::default(),
+            "the quantum handed over, but not in the least time"
+        );
+        assert!(rotation.handed(&0), "the third ends the turn");
+        assert!(!rotation.handed(&0), "said once");
+        assert!(!rotation.handed(&1), "not seated");
+        let swaps = rotation.turn(start, 1, 2, least, SLICE);
+        assert_eq!(swaps.leave, vec![0]);
+        assert_eq!(swaps.enter, vec![1]);
+    }
+
+    #[test]
+    fn the_first_measurement_takes_a_quarter_second_and_the_next_ones_a_second() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut pace = Pace::default();
+        pace.sample(at(0), 0);
+        pace.sample(at(249), 1_000);
+        assert!(!pace.is_measured());
+        pace.sample(at(250), 1_000);
+        assert_eq!(pace.round(1, 4_000), Some(Duration::from_secs(1)));
+        pace.sample(at(1_249), 100_000);
+        assert_eq!(pace.round(1, 4_000), Some(Duration::from_secs(1)));
+        pace.sample(at(1_250), 9_000);
+        assert_eq!(pace.round(1, 8_000), Some(Duration::from_secs(1)));
     }
 
     #[test]
