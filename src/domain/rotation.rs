@@ -31,9 +31,9 @@
 //! gives each seat the same, where one counted in time gets whatever burst of room falls into
 //! it. A turn lasts at least [`TURN_LEAST`], so that a quick pace's turns do not re-read most
 //! of every fetched batch, and a seat's slice at most — or ends, however short, at the most
-//! records of a turn ([`Rotation::limit_turns`]: the partition's share of the budget), since a
-//! turn takes what room frees in it and the room frees in bursts: the whole budget at once when
-//! the rotation begins.
+//! records of a turn ([`Rotation::limit_turns`]: the partition's share of the budget, or the
+//! quantum if that is more), since a turn takes what room frees in it and the room frees in
+//! bursts: the whole budget at once when the rotation begins.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

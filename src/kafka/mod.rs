@@ -720,8 +720,9 @@ impl Polling {
             self.pace.quantum(self.rotation.len(), self.batch_records)
         };
         self.quantum = quantum;
-        // A turn takes no more than its partition's share of the budget, so that the room
-        // a burst frees (the whole budget, when the rotation begins) goes round the seats.
+        // A turn takes no more than its partition's share of the budget (or its quantum, if
+        // more), so that the room a burst frees (the whole budget, when the rotation begins)
+        // goes round the seats.
         let share = self.intake.limits().records as u64 / self.rotation.len().max(1) as u64;
         self.rotation.limit_turns(share.max(quantum));
         let swaps = self
