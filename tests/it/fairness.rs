@@ -436,6 +436,112 @@ async fn rows_until(app: &TestApp, before: &BTreeMap<i32, i64>, more: i64) -> BT
 }
 
 /// When megabyte batches end the turns under a slow database, the backlogged partitions take
+/// turns for seats and the quiet ones — as many as the seats the budget holds — keep their own
+/// queues, taken in turn beside the seats, the rest in fetch order: a quiet partition's new
+/// event is not behind the others' backlog (where it waited for nearly
+/// the whole backlog — 263,200 rows of 276,000 in a run with 23 backlogged partitions in fetch
+/// order — and, in fetch order beside the seats, for the runs fetched before the seats began:
+/// 1.5 s for the first events of `bench --fairness`). Given backlogs of small batches
+/// afterwards, the quiet partitions take turns for seats with the others, and each side gets
+/// its share (0.51 of the rows for 12 of 24 partitions in one run of the turns' earlier form).
+#[actix_rt::test]
+async fn a_quiet_partition_is_not_kept_behind_the_backlog_after_the_turns_end() {
+    // More than the budget (8,000 records) and the rows written before the seats begin can
+    // take of one partition in fetch order: every backlogged partition takes turns for seats.
+    const EACH: usize = 20_000;
+    // Partitions 0–11 backlogged with megabyte batches, 12–23 quiet.
+    const QUIET: i32 = MANY / 2;
+    let mut app = TestApp::prepare(|o| {
+        o.partitions = MANY;
+        o.env("HISTORY__PIPELINE__BATCH_MAX_EVENTS", "100");
+    })
+    .await;
+    let backlog: Vec<PlannedRecord> = events_in_each(MANY, 0, EACH, "backlog")
+        .into_iter()
+        .filter(|record| record.partition < Some(QUIET))
+        .collect();
+    produce_batched(&app, backlog, 1_000_000).await;
+    app.db.slow_each_write(0.05).await;
+    app.start();
+    app.wait_for_log(
+        &["partitions no longer take turns"],
+        Duration::from_secs(60),
+    )
+    .await;
+    // The backlogged partitions take turns for seats; of the quiet ones, as many as the seats
+    // keep their own queues (or get them once the seats turn), the rest stay in fetch order:
+    // fewer than the quiet ones are in fetch order, and no backlogged one.
+    app.wait_for_metrics(Duration::from_secs(30), |m| {
+        m.get("history_partitions_waiting_turn") > Some(0.0)
+            && m.get("history_partitions_in_turn") == Some(0.0)
+            && m.get("history_partitions_in_fetch_order") < Some(QUIET as f64)
+    })
+    .await;
+
+    // A new event on the last quiet partition.
+    let quiet = events_in_each(MANY, 0, 1, "quiet")
+        .into_iter()
+        .filter(|record| record.partition == Some(MANY - 1))
+        .collect::<Vec<_>>();
+    let before = app.db.count("history_events").await;
+    app.produce(&quiet).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while rows_per_partition(&app, MANY).await[&(MANY - 1)] == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the quiet partition's event was not written in 120 s:\n{}",
+            app.logs()
+        );
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let between = app.db.count("history_events").await - before;
+    let total = QUIET as i64 * EACH as i64;
+    eprintln!("the quiet partition's event was written after {between} rows of the backlog");
+    assert!(
+        between < 10_000,
+        "{between} rows of the backlog were written before the quiet partition's event"
+    );
+
+    // Then backlogs of small batches on them: they take turns for seats with the others.
+    const SMALL: usize = 4_000;
+    let small = events_in_each(MANY, 1, SMALL + 1, "small")
+        .into_iter()
+        .filter(|record| record.partition >= Some(QUIET))
+        .collect::<Vec<_>>();
+    produce_batched(&app, small, 16 << 10).await;
+    let in_turn_rows =
+        |counts: &BTreeMap<i32, i64>| -> i64 { counts.range(QUIET..).map(|(_, rows)| rows).sum() };
+    let started = rows_per_partition(&app, MANY).await;
+    let mut moving = started.clone();
+    while in_turn_rows(&moving) < in_turn_rows(&started) + 500 {
+        moving = rows_until(&app, &moving, 100).await;
+    }
+    // Three rounds of the seats (24 partitions × 500 records each): a window shorter than two
+    // could fall on turns of one side only.
+    let after = rows_until(&app, &moving, 36_000).await;
+    let rows = (after.values().sum::<i64>() - moving.values().sum::<i64>()) as f64;
+    let in_turn = (in_turn_rows(&after) - in_turn_rows(&moving)) as f64 / rows;
+    let in_fetch_order = 1.0 - in_turn;
+    // Twelve partitions each side: half the rows each, fairly.
+    let fair = QUIET as f64 / MANY as f64;
+    eprintln!(
+        "of {rows} rows: the formerly quiet partitions {in_turn:.3}, the first backlogged \
+         {in_fetch_order:.3} (fair {fair:.3} each side)"
+    );
+    assert!(
+        after.range(QUIET..).all(|(_, &rows)| rows < SMALL as i64)
+            && after.values().sum::<i64>() < total,
+        "a backlog ran out: the test proves nothing: {after:?}"
+    );
+    assert!(
+        in_turn >= fair / 2.0 && in_fetch_order >= fair / 2.0,
+        "the formerly quiet partitions wrote {in_turn:.3} of {rows} rows, the first backlogged \
+         {in_fetch_order:.3}: each side at least half its fair share ({fair:.3})"
+    );
+    assert_eq!(app.stop(), Some(0), "{}", app.logs());
+}
+
+/// When megabyte batches end the turns under a slow database, the backlogged partitions take
 /// turns for seats at once, before the pace of the hand-over is measured: in fetch order until
 /// then (two seconds, as it was), the first rows went to the partitions whose batches came
 /// first — in `bench --fairness`, 7,464 and 6,439 rows of partitions 0 and 1 in the first 5 s,
