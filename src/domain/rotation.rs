@@ -69,10 +69,10 @@ pub(crate) struct Pace {
 }
 
 impl Pace {
-    /// `handed` records were released in all by `now`.
-    pub(crate) fn sample(&mut self, now: Instant, handed: u64) {
+    /// `released` records were released in all by `now`.
+    pub(crate) fn sample(&mut self, now: Instant, released: u64) {
         let Some((then, before)) = self.since else {
-            self.since = Some((now, handed));
+            self.since = Some((now, released));
             return;
         };
         let elapsed = now.saturating_duration_since(then);
@@ -83,8 +83,8 @@ impl Pace {
         };
         if elapsed >= span {
             self.per_second_before = self.per_second;
-            self.per_second = Some(handed.saturating_sub(before) as f64 / elapsed.as_secs_f64());
-            self.since = Some((now, handed));
+            self.per_second = Some(released.saturating_sub(before) as f64 / elapsed.as_secs_f64());
+            self.since = Some((now, released));
         }
     }
 
